@@ -1,0 +1,59 @@
+# Partially Trainable: the book, its notebooks and the refimpl package.
+#   make book     build the HTML book into _build/html (from stored outputs)
+#   make test     everything CI runs: lint, unit tests, notebooks, strict build
+#   make execute  re-run every notebook in place after editing it
+#   make bench    run the benchmarks and rewrite benchmarks/results/
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+NOTEBOOKS ?= $(sort $(wildcard chapters/*.ipynb))
+
+export IPYTHONDIR := $(CURDIR)/tools/ipython
+export TF_CPP_MIN_LOG_LEVEL := 3
+export PYTHONHASHSEED := 0
+export MPLBACKEND := Agg
+
+.PHONY: book test lint unit notebooks check-book build-book execute bench clean
+
+$(STAMP): requirements.txt pyproject.toml
+	$(PYTHON) -c 'import sys; assert (3, 10) <= sys.version_info[:2] <= (3, 12), "Python 3.10-3.12 is required, found " + sys.version.split()[0]'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	touch $(STAMP)
+
+book: $(STAMP)
+	rm -rf _build
+	$(BIN)/jupyter-book build . --all -W --keep-going
+	@echo "Open the book: file://$(CURDIR)/_build/html/index.html"
+
+test: lint unit check-book notebooks build-book
+
+lint: $(STAMP)
+	$(BIN)/ruff check refimpl tests benchmarks tools chapters
+	$(BIN)/ruff format --check refimpl tests benchmarks tools chapters
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests --doctest-modules refimpl
+
+check-book: $(STAMP)
+	$(BIN)/python tools/check_book.py
+
+notebooks: $(STAMP)
+	$(BIN)/python -m pytest -q --nbval --nbval-current-env \
+	  --nbval-sanitize-with tools/nbval_sanitize.cfg $(NOTEBOOKS)
+
+build-book: book
+
+execute: $(STAMP)
+	for nb in $(NOTEBOOKS); do \
+	  $(BIN)/jupyter nbconvert --to notebook --execute --inplace \
+	    --ExecutePreprocessor.timeout=600 $$nb || exit 1; \
+	done
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run
+
+clean:
+	rm -rf _build

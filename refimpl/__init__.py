@@ -1,0 +1,35 @@
+"""refimpl: train only some positions of a TensorFlow/Keras tensor.
+
+TensorFlow decides trainability per *variable*. This package implements every
+way around that, in two families:
+
+* **reparametrize**: build the tensor from free values and fixed values, so the
+  optimizer only ever sees the free values (exact under every optimizer);
+* **restrict the update**: keep one full variable and filter its gradient or
+  its update (cheap to add to existing code, but not exact under every
+  optimizer).
+
+See the book for when to use which.
+"""
+
+__version__ = "0.1.0"
+
+# Masks and index lists.
+from refimpl.masks import indices_to_mask, mask_to_indices, to_mask
+
+# Pictures.
+from refimpl.plotting import plot_mask
+
+# Checks used by the book and the tests.
+from refimpl.testing import assert_frozen, count_free_parameters, moved
+
+__all__ = [
+    "__version__",
+    "assert_frozen",
+    "count_free_parameters",
+    "indices_to_mask",
+    "mask_to_indices",
+    "moved",
+    "plot_mask",
+    "to_mask",
+]

@@ -1,0 +1,250 @@
+"""Validate and convert masks and index lists.
+
+Every public function of `refimpl` that takes "which positions are trainable"
+accepts the same two spellings and sends them through :func:`to_mask`:
+
+* a **boolean mask** of exactly the tensor's shape (``True`` = trainable), given
+  as a NumPy array, a nested list, or an eager ``tf.Tensor``; a floating-point
+  array of 0.0/1.0 values is accepted too, as produced by ``tf.cast(mask, float)``;
+* an **index list** of shape ``[k, rank]``, integers, one row per trainable
+  position, as taken by ``tf.scatter_nd`` and ``tf.gather_nd``.
+
+Integer arrays are always read as index lists, never as 0/1 masks: an integer
+array of the tensor's own shape would otherwise be ambiguous.
+
+Masks are static: they fix the *structure* of a model, so they are plain NumPy
+values, known when the graph is traced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["to_mask", "indices_to_mask", "mask_to_indices", "normalize_shape"]
+
+
+def normalize_shape(shape, *, name: str = "shape") -> tuple[int, ...]:
+    """Return ``shape`` as a tuple of non-negative Python ints.
+
+    Args:
+        shape: a tuple, list, ``tf.TensorShape`` or NumPy shape. Every dimension
+            must be known.
+        name: the argument's name, used in error messages.
+
+    Returns:
+        The shape as a tuple of ints.
+
+    Raises:
+        TypeError: if ``shape`` is not a sequence of integers.
+        ValueError: if a dimension is unknown or negative.
+
+    >>> normalize_shape(tf.TensorShape([2, 3]))
+    (2, 3)
+    """
+    if isinstance(shape, tf.TensorShape):
+        if shape.rank is None or not shape.is_fully_defined():
+            raise ValueError(
+                f"`{name}` must be fully known, with a static size in every "
+                f"dimension. Received: {name}={shape}"
+            )
+        shape = shape.as_list()
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    if not isinstance(shape, Sequence) and not isinstance(shape, np.ndarray):
+        raise TypeError(f"`{name}` must be a tuple of ints. Received: {name}={shape!r}")
+    dims = []
+    for d in shape:
+        if d is None:
+            raise ValueError(
+                f"`{name}` must be fully known, with a static size in every "
+                f"dimension. Received: {name}={tuple(shape)}"
+            )
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
+            raise TypeError(
+                f"`{name}` must be a tuple of ints. Received: {name}={shape!r}"
+            )
+        if d < 0:
+            raise ValueError(
+                f"`{name}` must have non-negative dimensions. "
+                f"Received: {name}={tuple(shape)}"
+            )
+        dims.append(int(d))
+    return tuple(dims)
+
+
+def _as_numpy(value, name: str) -> np.ndarray:
+    if isinstance(value, (tf.Tensor, tf.Variable)):
+        if not tf.executing_eagerly() or not hasattr(value, "numpy"):
+            raise TypeError(
+                f"`{name}` must be static (a NumPy array, a list, or an eager "
+                f"tensor), because it fixes which positions are trainable. "
+                f"Received a symbolic tensor: {name}={value!r}"
+            )
+        return value.numpy()
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError) as err:
+        raise TypeError(
+            f"`{name}` must be a rectangular boolean mask or an integer index "
+            f"list of shape [k, rank]. Received: {name}={value!r}"
+        ) from err
+    if array.dtype == object:
+        raise TypeError(
+            f"`{name}` must be a rectangular boolean mask or an integer index "
+            f"list of shape [k, rank]. Received: {name}={value!r}"
+        )
+    return array
+
+
+def indices_to_mask(indices, shape, *, name: str = "indices") -> np.ndarray:
+    """Turn an index list of shape ``[k, rank]`` into a boolean mask.
+
+    Args:
+        indices: integers, one row per position, ``rank`` columns. An empty
+            list means "no position".
+        shape: the shape of the tensor the indices point into.
+        name: the argument's name, used in error messages.
+
+    Returns:
+        A boolean NumPy array of ``shape``, ``True`` at the given positions.
+
+    Raises:
+        TypeError: if ``indices`` are not integers.
+        ValueError: if they have the wrong number of columns, are negative,
+            out of range, or name a position twice.
+
+    >>> indices_to_mask([[0, 1], [2, 2]], (3, 3)).astype(int)
+    array([[0, 1, 0],
+           [0, 0, 0],
+           [0, 0, 1]])
+    """
+    shape = normalize_shape(shape)
+    array = _as_numpy(indices, name)
+    rank = len(shape)
+    if array.size == 0:
+        return np.zeros(shape, dtype=bool)
+    if not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(
+            f"`{name}` must hold integers. Received dtype {array.dtype}: "
+            f"{name}={_short(array)}"
+        )
+    if array.ndim != 2 or array.shape[1] != rank:
+        raise ValueError(
+            f"`{name}` must have shape [k, {rank}] (one row of {rank} "
+            f"coordinate(s) per position, for a tensor of shape {shape}). "
+            f"Received shape {tuple(array.shape)}: {name}={_short(array)}"
+        )
+    if (array < 0).any():
+        bad = array[(array < 0).any(axis=1)][0]
+        raise ValueError(
+            f"`{name}` must not be negative. Received the row {bad.tolist()} "
+            f"for a tensor of shape {shape}"
+        )
+    too_big = (array >= np.asarray(shape)).any(axis=1)
+    if too_big.any():
+        bad = array[too_big][0]
+        raise ValueError(
+            f"`{name}` is out of range: the row {bad.tolist()} does not fit a "
+            f"tensor of shape {shape}"
+        )
+    mask = np.zeros(shape, dtype=bool)
+    flat = np.ravel_multi_index(tuple(array.T), shape) if shape else np.zeros(1, int)
+    unique, counts = np.unique(flat, return_counts=True)
+    if (counts > 1).any():
+        dup = np.unravel_index(unique[counts > 1][0], shape)
+        raise ValueError(
+            f"`{name}` names the position {[int(i) for i in dup]} more than "
+            f"once; duplicated indices would be summed by scatter operations. "
+            f"Received: {name}={_short(array)}"
+        )
+    mask.reshape(-1)[flat] = True
+    return mask
+
+
+def to_mask(mask, shape, *, name: str = "mask") -> np.ndarray:
+    """Validate ``mask`` against ``shape`` and return it as a boolean array.
+
+    Args:
+        mask: a boolean mask of exactly ``shape``, a 0.0/1.0 floating-point
+            mask of exactly ``shape``, or an integer index list of shape
+            ``[k, len(shape)]`` (see the module docstring).
+        shape: the shape of the tensor the mask applies to.
+        name: the argument's name, used in error messages.
+
+    Returns:
+        A new boolean NumPy array of ``shape`` (``True`` = trainable).
+
+    Raises:
+        TypeError: for a symbolic tensor, an integer array that is not an index
+            list, or a non-numeric value.
+        ValueError: for a wrong shape, values other than 0 and 1, or bad
+            indices.
+
+    >>> to_mask([True, False, True], (3,))
+    array([ True, False,  True])
+    >>> to_mask([[1]], (3,))  # an index list: position 1
+    array([False,  True, False])
+    """
+    shape = normalize_shape(shape)
+    array = _as_numpy(mask, name)
+    if array.dtype == bool:
+        _check_shape(array, shape, name)
+        return array.copy()
+    if np.issubdtype(array.dtype, np.integer) or array.size == 0:
+        if array.shape == shape and not (
+            array.ndim == 2 and array.shape[1] == len(shape)
+        ):
+            raise TypeError(
+                f"`{name}` is an integer array of the tensor's own shape "
+                f"{shape}. Integer arrays are read as index lists of shape "
+                f"[k, {len(shape)}]; pass a boolean mask instead (for example "
+                f"`{name}.astype(bool)`). Received: {name}={_short(array)}"
+            )
+        return indices_to_mask(array, shape, name=name)
+    if np.issubdtype(array.dtype, np.floating):
+        _check_shape(array, shape, name)
+        if not np.isin(array, (0.0, 1.0)).all():
+            bad = array[~np.isin(array, (0.0, 1.0))].ravel()[0]
+            raise ValueError(
+                f"`{name}` is a floating-point mask, so it may only hold 0.0 "
+                f"and 1.0. Received the value {bad!r} in {name}={_short(array)}"
+            )
+        return array == 1.0
+    raise TypeError(
+        f"`{name}` must be a boolean mask or an integer index list. "
+        f"Received dtype {array.dtype}: {name}={_short(array)}"
+    )
+
+
+def mask_to_indices(mask) -> np.ndarray:
+    """Return the ``[k, rank]`` int64 index list of the ``True`` entries.
+
+    The rows are in row-major (C) order, the order ``tf.boolean_mask`` uses.
+
+    >>> mask_to_indices([[True, False], [False, True]])
+    array([[0, 0],
+           [1, 1]])
+    """
+    array = _as_numpy(mask, "mask")
+    if array.dtype != bool:
+        raise TypeError(
+            f"`mask` must be boolean. Received dtype {array.dtype}: "
+            f"mask={_short(array)}"
+        )
+    return np.argwhere(array).astype(np.int64)
+
+
+def _check_shape(array: np.ndarray, shape: tuple[int, ...], name: str) -> None:
+    if array.shape != shape:
+        raise ValueError(
+            f"`{name}` must have the tensor's shape {shape}. Received a mask "
+            f"of shape {tuple(array.shape)}: {name}={_short(array)}"
+        )
+
+
+def _short(array: np.ndarray) -> str:
+    text = np.array2string(np.asarray(array), threshold=12, separator=", ")
+    return text if len(text) < 200 else text[:197] + "..."

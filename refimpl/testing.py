@@ -1,0 +1,128 @@
+"""Checks that the book and the tests use to prove their claims.
+
+"Frozen" in this project means *bit-exact*: the stored bits of a frozen entry
+are the same before and after training. :func:`assert_frozen` compares bits,
+not values within a tolerance, so it catches a weight decay of 1e-12 as surely
+as a step of 1.0, and it treats a NaN that appeared as a change.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from refimpl.masks import to_mask
+
+__all__ = ["moved", "assert_frozen", "count_free_parameters"]
+
+
+def _numpy(value, name: str) -> np.ndarray:
+    if hasattr(value, "numpy"):
+        value = value.numpy()
+    array = np.asarray(value)
+    # Any fixed-size dtype is fine, including ml_dtypes' bfloat16.
+    if array.dtype == object or array.dtype.itemsize == 0:
+        raise TypeError(
+            f"`{name}` must be a numeric array or tensor. Received: {name}={value!r}"
+        )
+    return array
+
+
+def moved(before, after) -> np.ndarray:
+    """Return a boolean array: ``True`` where the stored bits changed.
+
+    Args:
+        before: the tensor, variable or array before training.
+        after: the same after training; same shape and dtype.
+
+    Returns:
+        A boolean NumPy array of the common shape.
+
+    Raises:
+        ValueError: if the shapes differ.
+        TypeError: if the dtypes differ.
+
+    >>> moved([1.0, 2.0, 3.0], [1.0, 2.5, 3.0])
+    array([False,  True, False])
+    """
+    a = _numpy(before, "before")
+    b = _numpy(after, "after")
+    if a.shape != b.shape:
+        raise ValueError(
+            f"`before` and `after` must have the same shape. Received shapes "
+            f"{a.shape} and {b.shape}"
+        )
+    if a.dtype != b.dtype:
+        raise TypeError(
+            f"`before` and `after` must have the same dtype. Received "
+            f"{a.dtype} and {b.dtype}"
+        )
+    view = np.dtype(f"V{a.dtype.itemsize}")
+    return np.ascontiguousarray(a).view(view) != np.ascontiguousarray(b).view(view)
+
+
+def assert_frozen(before, after, mask) -> None:
+    """Assert that every entry outside ``mask`` kept its exact bits.
+
+    Args:
+        before: the tensor, variable or array before training.
+        after: the same after training.
+        mask: the trainable positions (``True`` = may change), in any form
+            :func:`refimpl.masks.to_mask` accepts. Every other entry is frozen
+            and must be bit-for-bit identical in ``after``.
+
+    Raises:
+        AssertionError: naming how many frozen entries moved, and the first few
+            with their values before and after.
+
+    >>> assert_frozen([1.0, 2.0], [1.5, 2.0], mask=[True, False])
+    >>> assert_frozen([1.0, 2.0], [1.0, 2.1], mask=[True, False])
+    Traceback (most recent call last):
+    ...
+    AssertionError: 1 of 1 frozen entries moved; first: [1] 2.0 -> 2.1
+    """
+    changed = moved(before, after)
+    trainable = to_mask(mask, changed.shape)
+    bad = changed & ~trainable
+    if bad.any():
+        a = _numpy(before, "before")
+        b = _numpy(after, "after")
+        where = np.argwhere(bad)[:3]
+        shown = ", ".join(
+            f"{idx.tolist()} {a[tuple(idx)]!r} -> {b[tuple(idx)]!r}" for idx in where
+        )
+        raise AssertionError(
+            f"{int(bad.sum())} of {int((~trainable).sum())} frozen entries "
+            f"moved; first: {_plain(shown)}"
+        )
+
+
+def _plain(text: str) -> str:
+    # NumPy 2 prints scalars as np.float32(2.0); keep messages readable.
+    return re.sub(r"np\.\w+\(([^()]*)\)", r"\1", text)
+
+
+def count_free_parameters(model_or_variables) -> int:
+    """Count the values an optimizer can change.
+
+    For a Keras model or layer this is the total size of its trainable
+    weights; for a list of variables, the total size of the trainable ones.
+    A structured layer of this package keeps only its free values in
+    trainable weights, so this is its true number of free parameters.
+
+    >>> import keras
+    >>> layer = keras.layers.Dense(3)
+    >>> layer.build((None, 4))
+    >>> count_free_parameters(layer)  # a 4x3 kernel and 3 biases
+    15
+    """
+    weights = getattr(model_or_variables, "trainable_weights", None)
+    if weights is None:
+        if not isinstance(model_or_variables, (list, tuple)):
+            raise TypeError(
+                "`model_or_variables` must be a Keras model or layer, or a list "
+                f"of variables. Received: {model_or_variables!r}"
+            )
+        weights = [v for v in model_or_variables if getattr(v, "trainable", True)]
+    return int(sum(int(np.prod(w.shape)) for w in weights))

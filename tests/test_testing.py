@@ -1,0 +1,78 @@
+import keras
+import ml_dtypes
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given
+
+from refimpl import assert_frozen, count_free_parameters, moved
+from tests.strategies import shape_and_mask
+
+
+def test_assert_frozen_passes_when_only_trainable_entries_move():
+    before = np.zeros((2, 2), "float32")
+    after = np.array([[1.0, 0.0], [0.0, 2.0]], "float32")
+    assert_frozen(before, after, np.eye(2, dtype=bool))
+
+
+def test_assert_frozen_catches_a_one_ulp_change():
+    before = np.float32([1.0, 1.0])
+    after = before.copy()
+    after[1] = np.nextafter(np.float32(1.0), np.float32(2.0))
+    with pytest.raises(AssertionError, match="1 of 1 frozen entries moved"):
+        assert_frozen(before, after, [True, False])
+
+
+def test_assert_frozen_sees_minus_zero_and_nan_as_changes():
+    with pytest.raises(AssertionError):
+        assert_frozen(np.float32([0.0]), np.float32([-0.0]), [False])
+    with pytest.raises(AssertionError):
+        assert_frozen(np.float32([1.0]), np.float32([np.nan]), [False])
+
+
+def test_assert_frozen_accepts_an_unchanged_nan():
+    assert_frozen(np.float32([np.nan]), np.float32([np.nan]), [False])
+
+
+def test_assert_frozen_works_with_variables_and_bfloat16():
+    v = tf.Variable(tf.constant([1.0, 2.0], tf.bfloat16))
+    before = tf.identity(v)
+    v.assign(tf.constant([1.5, 2.0], tf.bfloat16))
+    assert_frozen(before, v, [True, False])
+    assert moved(before, v).tolist() == [True, False]
+    assert np.asarray(v.numpy()).dtype == ml_dtypes.bfloat16
+
+
+@given(shape_and_mask())
+def test_moved_is_false_for_identical_arrays(case):
+    shape, _ = case
+    values = np.random.default_rng(0).normal(size=shape).astype("float32")
+    assert not moved(values, values.copy()).any()
+
+
+def test_moved_rejects_mismatched_inputs():
+    with pytest.raises(ValueError, match="same shape"):
+        moved([1.0], [1.0, 2.0])
+    with pytest.raises(TypeError, match="same dtype"):
+        moved(np.float32([1.0]), np.float64([1.0]))
+    with pytest.raises(TypeError, match="`before`"):
+        moved([object()], [object()])
+
+
+def test_assert_frozen_rejects_a_mask_of_the_wrong_shape():
+    with pytest.raises(ValueError, match="`mask`"):
+        assert_frozen([1.0, 2.0], [1.0, 2.0], [True])
+
+
+def test_count_free_parameters_counts_trainable_weights_only():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    assert count_free_parameters(model) == 15
+    model.layers[0].trainable = False
+    assert count_free_parameters(model) == 0
+    variables = [tf.Variable(tf.ones(3)), tf.Variable(tf.ones(5), trainable=False)]
+    assert count_free_parameters(variables) == 3
+
+
+def test_count_free_parameters_rejects_other_objects():
+    with pytest.raises(TypeError, match="`model_or_variables`"):
+        count_free_parameters(3)
