@@ -8,6 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NOTEBOOKS ?= $(sort $(wildcard chapters/*.ipynb))
+LINT_PATHS := $(wildcard refimpl tests benchmarks tools chapters)
 
 export IPYTHONDIR := $(CURDIR)/tools/ipython
 export TF_CPP_MIN_LOG_LEVEL := 3
@@ -31,8 +32,8 @@ book: $(STAMP)
 test: lint unit check-book notebooks build-book
 
 lint: $(STAMP)
-	$(BIN)/ruff check refimpl tests benchmarks tools chapters
-	$(BIN)/ruff format --check refimpl tests benchmarks tools chapters
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests --doctest-modules refimpl
