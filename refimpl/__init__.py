@@ -20,16 +20,40 @@ from refimpl.masks import indices_to_mask, mask_to_indices, to_mask
 # Pictures.
 from refimpl.plotting import plot_mask
 
+# Structured matrices built from their free values, and their cheap products.
+from refimpl.structured import (
+    banded,
+    banded_matmul,
+    block,
+    block_matmul,
+    diagonal,
+    diagonal_matmul,
+    scatter_free,
+)
+
 # Checks used by the book and the tests.
 from refimpl.testing import assert_frozen, count_free_parameters, moved
 
+# Free values plus a frozen base.
+from refimpl.variables import PartialVariable, choose_mode, compose
+
 __all__ = [
+    "PartialVariable",
     "__version__",
     "assert_frozen",
+    "banded",
+    "banded_matmul",
+    "block",
+    "block_matmul",
+    "choose_mode",
+    "compose",
     "count_free_parameters",
+    "diagonal",
+    "diagonal_matmul",
     "indices_to_mask",
     "mask_to_indices",
     "moved",
     "plot_mask",
+    "scatter_free",
     "to_mask",
 ]

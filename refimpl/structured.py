@@ -1,0 +1,409 @@
+"""Build structured matrices from their free values, and multiply by them cheaply.
+
+Every builder here takes only the values that define the matrix (a diagonal, a
+few diagonals, a grid of blocks, k free entries) and returns the dense tensor,
+built in the forward pass. Make the defining values variables and the optimizer
+sees nothing else: fixed values are constants, never optimizer state, so no
+optimizer can move them.
+
+Matrices act on a batch from the right, like a Dense kernel: ``y = x @ W``
+with ``x`` of shape ``[batch, n]``. Each builder has a product that gives the
+same ``y`` without building ``W``: ``x * w`` for a diagonal (O(n) per row
+instead of O(n^2)), shifted elementwise products for a band (O(n*b)), and
+split matmuls that skip zero blocks for a block matrix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from refimpl.masks import mask_to_indices, normalize_shape, to_mask
+
+__all__ = [
+    "banded",
+    "banded_matmul",
+    "block",
+    "block_matmul",
+    "diagonal",
+    "diagonal_matmul",
+    "scatter_free",
+]
+
+
+def diagonal(w) -> tf.Tensor:
+    """Return the ``[n, n]`` matrix with ``w`` on its diagonal and zeros elsewhere.
+
+    Args:
+        w: a 1-D tensor or variable of length ``n``.
+
+    Returns:
+        ``tf.linalg.diag(w)``.
+
+    Raises:
+        ValueError: if ``w`` is not 1-D.
+
+    >>> diagonal(tf.constant([1.0, 2.0])).numpy()
+    array([[1., 0.],
+           [0., 2.]], dtype=float32)
+    """
+    w = _vector(w, "w")
+    return tf.linalg.diag(w)
+
+
+def diagonal_matmul(x, w) -> tf.Tensor:
+    """Return ``x @ diagonal(w)``, computed as ``x * w`` in O(n) per row.
+
+    Args:
+        x: a tensor of shape ``[..., n]``.
+        w: a 1-D tensor or variable of length ``n``.
+
+    Returns:
+        A tensor of the shape of ``x``.
+
+    Raises:
+        ValueError: if ``w`` is not 1-D or ``x`` does not end in ``n``.
+        TypeError: if the dtypes differ.
+
+    >>> diagonal_matmul(tf.constant([[1.0, 1.0]]), tf.constant([2.0, 3.0])).numpy()
+    array([[2., 3.]], dtype=float32)
+    """
+    w = _vector(w, "w")
+    x = _batch(x, w.shape[0], w.dtype)
+    return x * w
+
+
+def banded(diagonals: Sequence, offsets: Sequence[int]) -> tf.Tensor:
+    """Return the square matrix with the given diagonals and zeros elsewhere.
+
+    The diagonal at offset ``k`` (0 main, ``k > 0`` above, ``k < 0`` below)
+    has length ``n - |k|`` and is read from the top-left, as ``np.diag(A, k)``
+    returns it. A fixed diagonal is simply a constant entry of ``diagonals``.
+
+    Args:
+        diagonals: a list of 1-D tensors, variables or arrays, one per offset.
+        offsets: a list of distinct ints, as long as ``diagonals``.
+
+    Returns:
+        The ``[n, n]`` dense matrix.
+
+    Raises:
+        ValueError: for offsets that repeat, lengths that do not fit one ``n``,
+            or lists of different lengths.
+        TypeError: for non-integer offsets or diagonals of different dtypes.
+
+    >>> banded([tf.ones(3), tf.constant([2.0, 3.0])], [0, 1]).numpy()
+    array([[1., 2., 0.],
+           [0., 1., 3.],
+           [0., 0., 1.]], dtype=float32)
+    """
+    diagonals, offsets, n = _band(diagonals, offsets)
+    lo, hi = min(offsets), max(offsets)
+    longest = n - min(abs(k) for k in range(lo, hi + 1))
+    given = dict(zip(offsets, diagonals, strict=True))
+    dtype = diagonals[0].dtype
+    rows = []
+    for k in range(hi, lo - 1, -1):  # tf.linalg.diag wants the highest first
+        d = given.get(k, tf.zeros([n - abs(k)], dtype))
+        pad = longest - (n - abs(k))
+        # Default alignment RIGHT_LEFT: superdiagonals padded on the left.
+        rows.append(tf.pad(d, [[pad, 0]] if k > 0 else [[0, pad]]))
+    packed = tf.stack(rows) if lo != hi else rows[0]
+    k = (lo, hi) if lo != hi else lo
+    return tf.linalg.diag(packed, k=k, num_rows=n, num_cols=n)
+
+
+def banded_matmul(x, diagonals: Sequence, offsets: Sequence[int]) -> tf.Tensor:
+    """Return ``x @ banded(diagonals, offsets)`` by shifted elementwise products.
+
+    Column ``j`` of the result collects ``x[..., j - k] * A[j - k, j]`` over
+    the offsets ``k``, so each diagonal costs one elementwise product of
+    length ``n - |k|``: O(n*b) per row for ``b`` diagonals, never O(n^2).
+
+    Args:
+        x: a tensor of shape ``[..., n]``.
+        diagonals: as for :func:`banded`.
+        offsets: as for :func:`banded`.
+
+    Returns:
+        A tensor of the shape of ``x``.
+
+    Raises:
+        ValueError, TypeError: as for :func:`banded`, or if ``x`` does not
+            fit.
+
+    >>> x = tf.constant([[1.0, 10.0, 100.0]])
+    >>> banded_matmul(x, [tf.ones(3), tf.constant([2.0, 3.0])], [0, 1]).numpy()
+    array([[  1.,  12., 130.]], dtype=float32)
+    """
+    diagonals, offsets, n = _band(diagonals, offsets)
+    x = _batch(x, n, diagonals[0].dtype)
+    rank = len(x.shape)
+    terms = []
+    for d, k in zip(diagonals, offsets, strict=True):
+        m = abs(k)
+        if k >= 0:  # y[..., k:] += x[..., :n-k] * d
+            part, pad = x[..., : n - m] * d, [m, 0]
+        else:  # y[..., :n-m] += x[..., m:] * d
+            part, pad = x[..., m:] * d, [0, m]
+        terms.append(tf.pad(part, [[0, 0]] * (rank - 1) + [pad]) if m else part)
+    return tf.add_n(terms)
+
+
+def block(rows: Sequence[Sequence]) -> tf.Tensor:
+    """Assemble a matrix from a grid of 2-D blocks, like ``np.block``.
+
+    ``None`` stands for a zero block; its shape follows from the other blocks
+    of its block row (height) and block column (width). Tensors and variables
+    must share one dtype; NumPy arrays and lists are converted to it.
+
+    Args:
+        rows: a list of block rows, each a list of 2-D blocks or ``None``, all
+            rows of the same length.
+
+    Returns:
+        The dense matrix, ``tf.concat`` of the rows of blocks.
+
+    Raises:
+        ValueError: for a ragged grid, a block that is not 2-D, blocks whose
+            heights or widths disagree, or a ``None`` block whose whole block
+            row or block column is ``None``.
+        TypeError: for blocks of different dtypes.
+
+    >>> block([[None, -0.2 * tf.eye(1)], [0.35 * tf.eye(1), tf.ones((1, 1))]]).numpy()
+    array([[ 0.  , -0.2 ],
+           [ 0.35,  1.  ]], dtype=float32)
+    """
+    grid, heights, widths, dtype = _grid(rows)
+    out = []
+    for i, row in enumerate(grid):
+        parts = [
+            tf.zeros([heights[i], widths[j]], dtype) if b is None else b
+            for j, b in enumerate(row)
+        ]
+        out.append(tf.concat(parts, axis=1) if len(parts) > 1 else parts[0])
+    return tf.concat(out, axis=0) if len(out) > 1 else out[0]
+
+
+def block_matmul(x, rows: Sequence[Sequence]) -> tf.Tensor:
+    """Return ``x @ block(rows)`` by split matmuls that skip the zero blocks.
+
+    ``x`` is split along its last axis into pieces of the block-row heights;
+    block column ``j`` of the result is the sum of ``x_i @ rows[i][j]`` over
+    the blocks that are not ``None``. The concatenated matrix is never built.
+
+    Args:
+        x: a tensor of shape ``[batch, N]``, ``N`` the sum of the heights.
+        rows: as for :func:`block`.
+
+    Returns:
+        A tensor of shape ``[batch, M]``, ``M`` the sum of the widths.
+
+    Raises:
+        ValueError, TypeError: as for :func:`block`, or if ``x`` does not fit.
+
+    >>> rows = [[None, 2.0 * tf.eye(1)], [tf.eye(1), None]]
+    >>> block_matmul(tf.constant([[1.0, 10.0]]), rows).numpy()
+    array([[10.,  2.]], dtype=float32)
+    """
+    grid, heights, widths, dtype = _grid(rows)
+    x = _batch(x, sum(heights), dtype)
+    pieces = tf.split(x, heights, axis=-1) if len(heights) > 1 else [x]
+    columns = []
+    for j, width in enumerate(widths):
+        terms = [
+            tf.matmul(pieces[i], grid[i][j])
+            for i in range(len(heights))
+            if grid[i][j] is not None
+        ]
+        if terms:
+            columns.append(tf.add_n(terms))
+        else:
+            columns.append(tf.zeros(tf.concat([tf.shape(x)[:-1], [width]], 0), dtype))
+    return tf.concat(columns, axis=-1) if len(columns) > 1 else columns[0]
+
+
+def scatter_free(template, indices, values) -> tf.Tensor:
+    """Write ``k`` free values into a frozen template.
+
+    Args:
+        template: the dense tensor of fixed values.
+        indices: the free positions, any form :func:`refimpl.masks.to_mask`
+            accepts (an index list of shape ``[k, rank]`` or a boolean mask).
+            Values are matched to positions in the order of the index list;
+            for a boolean mask, in row-major order.
+        values: a 1-D tensor of length ``k``, the template's dtype.
+
+    Returns:
+        ``tf.tensor_scatter_nd_update(template, indices, values)``.
+
+    Raises:
+        ValueError: for bad indices or a ``values`` of the wrong length.
+        TypeError: if the dtypes differ.
+
+    >>> scatter_free(tf.zeros((2, 2)), [[0, 1]], tf.constant([5.0])).numpy()
+    array([[0., 5.],
+           [0., 0.]], dtype=float32)
+    """
+    template = tf.convert_to_tensor(template)
+    index_array = _index_list(indices, template.shape, "indices")
+    values = _vector(values, "values")
+    if values.dtype != template.dtype:
+        raise TypeError(
+            f"`values` must have the template's dtype {template.dtype.name}. "
+            f"Received: values.dtype={values.dtype.name}"
+        )
+    if values.shape[0] != len(index_array):
+        raise ValueError(
+            f"`values` must hold one value per index ({len(index_array)}). "
+            f"Received: values.shape={tuple(values.shape)}"
+        )
+    return tf.tensor_scatter_nd_update(template, index_array, values)
+
+
+def _index_list(indices, shape, name: str) -> np.ndarray:
+    """Validate ``indices`` (index list or mask); return a ``[k, rank]`` list.
+
+    An index list keeps its row order; a mask gives row-major order.
+    """
+    shape = normalize_shape(shape, name="template.shape")
+    mask = to_mask(indices, shape, name=name)
+    array = np.asarray(indices.numpy() if hasattr(indices, "numpy") else indices)
+    if array.size and np.issubdtype(array.dtype, np.integer):
+        return array.astype(np.int64).reshape(-1, len(shape))
+    return mask_to_indices(mask)
+
+
+def _vector(value, name: str) -> tf.Tensor:
+    tensor = tf.convert_to_tensor(value)
+    if tensor.shape.rank != 1 or tensor.shape[0] is None:
+        raise ValueError(
+            f"`{name}` must be a 1-D tensor of known length. "
+            f"Received: {name}.shape={tensor.shape}"
+        )
+    return tensor
+
+
+def _batch(x, n: int, dtype) -> tf.Tensor:
+    x = tf.convert_to_tensor(x)
+    if x.shape.rank is None or x.shape.rank < 1 or x.shape[-1] != n:
+        raise ValueError(
+            f"`x` must have shape [..., {n}] to be multiplied by an {n}x{n} "
+            f"matrix from the right. Received: x.shape={x.shape}"
+        )
+    if x.dtype != dtype:
+        raise TypeError(
+            f"`x` must have the matrix's dtype {tf.as_dtype(dtype).name}. "
+            f"Received: x.dtype={x.dtype.name}"
+        )
+    return x
+
+
+def _band(diagonals, offsets):
+    if isinstance(offsets, (int, np.integer)) or not isinstance(
+        offsets, (Sequence, np.ndarray)
+    ):
+        raise TypeError(f"`offsets` must be a list of ints. Received: {offsets!r}")
+    offsets = list(offsets)
+    if isinstance(diagonals, (tf.Tensor, tf.Variable, np.ndarray)) or not isinstance(
+        diagonals, Sequence
+    ):
+        raise TypeError(
+            "`diagonals` must be a list of 1-D tensors, one per offset. "
+            f"Received: diagonals={diagonals!r}"
+        )
+    if not offsets or len(offsets) != len(diagonals):
+        raise ValueError(
+            "`diagonals` and `offsets` must be non-empty lists of the same "
+            f"length. Received {len(diagonals)} diagonals and offsets={offsets}"
+        )
+    for k in offsets:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise TypeError(f"`offsets` must be ints. Received: offsets={offsets}")
+    offsets = [int(k) for k in offsets]
+    if len(set(offsets)) != len(offsets):
+        raise ValueError(f"`offsets` must be distinct. Received: offsets={offsets}")
+    tensors = [_vector(d, f"diagonals[{i}]") for i, d in enumerate(diagonals)]
+    sizes = {t.shape[0] + abs(k) for t, k in zip(tensors, offsets, strict=True)}
+    lengths = [int(t.shape[0]) for t in tensors]
+    if len(sizes) != 1 or min(lengths) < 1:
+        raise ValueError(
+            "The diagonal at offset k of an n x n matrix has length n - |k|, "
+            "and every offset must satisfy |k| < n; no single n fits. "
+            f"Received: offsets={offsets}, lengths={lengths}"
+        )
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) != 1:
+        raise TypeError(
+            "`diagonals` must share one dtype. Received: "
+            f"{[t.dtype.name for t in tensors]}"
+        )
+    return tensors, offsets, sizes.pop()
+
+
+def _grid(rows):
+    if isinstance(rows, (tf.Tensor, tf.Variable, np.ndarray)) or not (
+        isinstance(rows, Sequence)
+        and rows
+        and all(isinstance(r, Sequence) and len(r) > 0 for r in rows)
+    ):
+        raise ValueError(
+            "`rows` must be a non-empty list of non-empty lists of blocks. "
+            f"Received: rows={rows!r}"
+        )
+    width = len(rows[0])
+    if any(len(r) != width for r in rows):
+        raise ValueError(
+            "`rows` must be a rectangular grid; every block row needs the same "
+            f"number of blocks. Received row lengths {[len(r) for r in rows]}"
+        )
+    tf_dtypes = {
+        tf.as_dtype(b.dtype).name
+        for r in rows
+        for b in r
+        if hasattr(b, "dtype") and not isinstance(b, (np.ndarray, np.generic))
+    }
+    if len(tf_dtypes) > 1:
+        raise TypeError(
+            f"The blocks of `rows` must share one dtype. Received: {sorted(tf_dtypes)}"
+        )
+    dtype = tf_dtypes.pop() if tf_dtypes else None
+    grid = []
+    for i, r in enumerate(rows):
+        grid.append([])
+        for j, b in enumerate(r):
+            if b is not None:
+                b = tf.convert_to_tensor(b, dtype=dtype)
+                dtype = dtype or b.dtype.name
+                if b.shape.rank != 2 or not b.shape.is_fully_defined():
+                    raise ValueError(
+                        f"Every block must be a 2-D tensor of known shape. "
+                        f"Received: rows[{i}][{j}].shape={b.shape}"
+                    )
+            grid[-1].append(b)
+    heights = [
+        _common([b.shape[0] for b in r if b is not None], "height", i, "row")
+        for i, r in enumerate(grid)
+    ]
+    widths = [
+        _common([r[j].shape[1] for r in grid if r[j] is not None], "width", j, "column")
+        for j in range(width)
+    ]
+    return grid, heights, widths, dtype
+
+
+def _common(sizes, what, index, kind):
+    if not sizes:
+        raise ValueError(
+            f"Block {kind} {index} holds only None blocks, so its {what} cannot be "
+            f"inferred. Give at least one block of that {kind} as an explicit "
+            f"tf.zeros(...) of the right shape."
+        )
+    if len(set(sizes)) != 1:
+        raise ValueError(
+            f"The blocks of block {kind} {index} must share one {what}. "
+            f"Received {what}s {sizes}"
+        )
+    return int(sizes[0])
