@@ -20,6 +20,12 @@ from refimpl.masks import indices_to_mask, mask_to_indices, to_mask
 # Pictures.
 from refimpl.plotting import plot_mask
 
+# SciPy over the free entries only (replaces TF 1's ScipyOptimizerInterface).
+from refimpl.scipy_optimize import minimize
+
+# Block the gradient of frozen positions.
+from refimpl.stop_gradient import one_hot_trainable, partially_trainable
+
 # Structured matrices built from their free values, and their cheap products.
 from refimpl.structured import (
     banded,
@@ -52,7 +58,10 @@ __all__ = [
     "diagonal_matmul",
     "indices_to_mask",
     "mask_to_indices",
+    "minimize",
     "moved",
+    "one_hot_trainable",
+    "partially_trainable",
     "plot_mask",
     "scatter_free",
     "to_mask",
