@@ -1,0 +1,264 @@
+"""Write, read and plot benchmark results.
+
+The CSV has one row per (``jit``, ``n``, ``variant``, ``density``). Its first
+columns are the agreed schema that the book reads; later columns only add
+detail (why a variant did not run, the mode a partial variable chose, ...).
+Matplotlib is imported only by the plotting functions.
+"""
+
+from __future__ import annotations
+
+import csv
+import pathlib
+import platform
+
+COLUMNS = (
+    "device,tf_version,jit,n,variant,density,free_params,optimizer_state_values,"
+    "median_ms,q25_ms,q75_ms,ratio_to_dense,ratio_q25,ratio_q75,repeats,"
+    # Added after the agreed schema:
+    "status,mode,bandwidth,steps,batch,machine"
+).split(",")
+_INT = {"n", "free_params", "optimizer_state_values", "repeats", "bandwidth"}
+_INT |= {"steps", "batch"}
+_FLOAT = {"density", "median_ms", "q25_ms", "q75_ms", "ratio_to_dense"}
+_FLOAT |= {"ratio_q25", "ratio_q75"}
+
+# Families, for plots with one idea each.
+GROUPS = {
+    "restrict the update": (
+        "grad_mask",
+        "grad_mask_restore",
+        "stop_gradient_mask",
+        "one_hot_scatter",
+    ),
+    "sparse delta": ("partial_delta", "partial_select", "partial_auto"),
+    "structured": (
+        "diag_naive",
+        "diag_refimpl",
+        "band_naive",
+        "band_refimpl",
+        "block_naive",
+        "block_refimpl",
+    ),
+}
+
+
+def machine_description() -> tuple[str, str]:
+    """Return ``(device, machine)``: ``"gpu"`` or ``"cpu"``, and its model."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        details = tf.config.experimental.get_device_details(gpus[0])
+        return "gpu", str(details.get("device_name", "GPU"))
+    model = platform.processor() or platform.machine()
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import os
+
+    return "cpu", f"{model} ({os.cpu_count()} cores)"
+
+
+def write_csv(rows: list[dict], path) -> None:
+    """Write ``rows`` (dicts keyed by :data:`COLUMNS`) to ``path``."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({c: _format(row.get(c)) for c in COLUMNS})
+
+
+def _format(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def read_csv(path) -> list[dict]:
+    """Read a results CSV; numbers become ints/floats, blanks ``None``."""
+    rows = []
+    with pathlib.Path(path).open(newline="") as f:
+        for raw in csv.DictReader(f):
+            row = {}
+            for key, text in raw.items():
+                if text == "" or text is None:
+                    row[key] = None
+                elif key in _INT:
+                    row[key] = int(text)
+                elif key in _FLOAT:
+                    row[key] = float(text)
+                elif key == "jit":
+                    row[key] = text == "True"
+                else:
+                    row[key] = text
+            rows.append(row)
+    return rows
+
+
+def select(rows, **where) -> list[dict]:
+    """The rows whose fields equal every keyword, e.g. ``variant="dense_adam"``."""
+    return [r for r in rows if all(r.get(k) == v for k, v in where.items())]
+
+
+def one(rows, **where) -> dict:
+    """The single row matching ``where``; an error if there is not exactly one."""
+    found = select(rows, **where)
+    if len(found) != 1:
+        raise LookupError(f"{len(found)} rows match {where}")
+    return found[0]
+
+
+def _series(rows, variant, jit, density):
+    pts = [
+        r
+        for r in select(rows, variant=variant, jit=jit)
+        if r["median_ms"] is not None
+        and (r["density"] is None or r["density"] == density)
+    ]
+    return sorted(pts, key=lambda r: r["n"])
+
+
+def plot_ratio_vs_n(rows, variants, *, jit=False, density=0.01, ax=None, title=None):
+    """Step time / dense step time against n, log-log, with quartile bars."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 3.6))
+    for variant in variants:
+        pts = _series(rows, variant, jit, density)
+        if not pts:
+            continue
+        n = [r["n"] for r in pts]
+        mid = [r["ratio_to_dense"] for r in pts]
+        err = [
+            [m - r["ratio_q25"] for m, r in zip(mid, pts)],
+            [r["ratio_q75"] - m for m, r in zip(mid, pts)],
+        ]
+        ax.errorbar(n, mid, yerr=err, marker="o", capsize=3, label=variant)
+    ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="dense step")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("n (weight is n x n, batch 64)")
+    ax.set_ylabel("step time / dense step time")
+    ax.set_title(title or ("XLA" if jit else "tf.function"), fontsize=10)
+    ax.legend(fontsize=7)
+    return ax
+
+
+def plot_ratio_vs_density(rows, variants, *, n, jit=False, crossover=None, ax=None):
+    """Step time ratio against mask density at one n, log-log."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 3.6))
+    for variant in variants:
+        pts = sorted(
+            (
+                r
+                for r in select(rows, variant=variant, jit=jit, n=n)
+                if r["median_ms"] is not None and r["density"] is not None
+            ),
+            key=lambda r: r["density"],
+        )
+        if pts:
+            ax.plot(
+                [r["density"] for r in pts],
+                [r["ratio_to_dense"] for r in pts],
+                marker="o",
+                label=variant,
+            )
+    ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="dense step")
+    if crossover is not None:
+        ax.axvline(crossover, color="grey", linestyle=":", label="automatic switch")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("density of free entries")
+    ax.set_ylabel("step time / dense step time")
+    ax.set_title(f"n = {n}, {'XLA' if jit else 'tf.function'}", fontsize=10)
+    ax.legend(fontsize=7)
+    return ax
+
+
+def plot_optimizer_state(rows, *, n, density=0.01, ax=None):
+    """Adam's stored values per variant at one n, next to the free values."""
+    import matplotlib.pyplot as plt
+
+    picked = [
+        r
+        for r in select(rows, n=n, jit=False)
+        if r["density"] is None or r["density"] == density
+    ]
+    picked = [r for r in picked if r["optimizer_state_values"] is not None]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 0.3 * len(picked) + 1))
+    names = [r["variant"] for r in picked]
+    y = range(len(picked))
+    ax.barh(y, [r["optimizer_state_values"] for r in picked], label="Adam state")
+    ax.scatter(
+        [2 * r["free_params"] for r in picked],
+        y,
+        color="black",
+        marker="|",
+        s=200,
+        zorder=3,
+        label="2 x free values",
+    )
+    ax.set_yticks(list(y), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel(f"values stored by Adam (n = {n}, density {density:g})")
+    ax.legend(fontsize=7, loc="lower right")
+    return ax
+
+
+def save_plots(rows, outdir, device: str) -> list[pathlib.Path]:
+    """Write the overview plots of ``rows`` as PNG files into ``outdir``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    outdir = pathlib.Path(outdir)
+    written = []
+    sizes = sorted({r["n"] for r in rows})
+    jits = sorted({r["jit"] for r in rows})
+    fig, axes = plt.subplots(
+        len(jits), len(GROUPS), figsize=(5 * len(GROUPS), 3.8 * len(jits))
+    )
+    for i, jit in enumerate(jits):
+        for j, (group, variants) in enumerate(GROUPS.items()):
+            ax = axes[i][j] if len(jits) > 1 else axes[j]
+            title = f"{group}, {'XLA' if jit else 'tf.function'}"
+            plot_ratio_vs_n(rows, variants, jit=jit, ax=ax, title=title)
+    fig.tight_layout()
+    written.append(outdir / f"{device}_ratio_vs_n.png")
+    fig.savefig(written[-1], dpi=90)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(jits), figsize=(5.5 * len(jits), 3.8))
+    for i, jit in enumerate(jits):
+        ax = axes[i] if len(jits) > 1 else axes
+        variants = (*GROUPS["sparse delta"], "one_hot_scatter")
+        plot_ratio_vs_density(rows, variants, n=sizes[-1], jit=jit, ax=ax)
+    fig.tight_layout()
+    written.append(outdir / f"{device}_ratio_vs_density.png")
+    fig.savefig(written[-1], dpi=90)
+    plt.close(fig)
+
+    ax = plot_optimizer_state(rows, n=sizes[-1])
+    ax.figure.tight_layout()
+    written.append(outdir / f"{device}_optimizer_state.png")
+    ax.figure.savefig(written[-1], dpi=90)
+    plt.close(ax.figure)
+    return written

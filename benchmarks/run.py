@@ -1,0 +1,161 @@
+"""Time one training step of every technique against the dense step.
+
+    python -m benchmarks.run              # full run: CSV and plots in benchmarks/results
+    python -m benchmarks.run --quick      # seconds: a smoke test of the whole pipeline
+
+The step is forward (``y = x @ W``), mean squared error, gradient and an Adam
+update, inside ``tf.function`` and again with ``jit_compile=True``, for a batch
+of 64 and a weight of n x n. For every size and setting, all variants are
+built, warmed up, then timed in interleaved rounds; ratios are taken against
+the dense step of the same round. A variant that cannot run (XLA cannot
+compile it, say) gets a row that says why, with blank timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import pathlib
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from benchmarks import report, timing, variants  # noqa: E402
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+BATCH = 64
+BAND_SWEEP = (3, 9, 33, 129)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="small n, few repeats")
+    p.add_argument("--out", type=pathlib.Path, default=RESULTS, help="output folder")
+    p.add_argument("--sizes", type=int, nargs="+", help="values of n")
+    p.add_argument(
+        "--jit-sizes", type=int, nargs="+", help="values of n timed under XLA too"
+    )
+    p.add_argument("--densities", type=float, nargs="+", help="mask densities")
+    p.add_argument("--repeats", type=int, help="interleaved rounds")
+    p.add_argument("--target-ms", type=float, help="length of one timing sample")
+    p.add_argument("--variants", nargs="+", choices=variants.ALL, help="a subset")
+    p.add_argument("--no-plots", action="store_true", help="write the CSV only")
+    p.add_argument(
+        "--band-sweep",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also time bands of several widths at the largest n",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    quick = args.quick
+    args.sizes = args.sizes or ([64] if quick else [256, 1024, 4096])
+    args.jit_sizes = args.sizes if args.jit_sizes is None else args.jit_sizes
+    args.densities = args.densities or (
+        [0.01, 0.5] if quick else list(variants.DENSITIES)
+    )
+    args.repeats = args.repeats or (3 if quick else 7)
+    args.target_ms = args.target_ms or (2.0 if quick else 100.0)
+    args.variants = args.variants or list(variants.ALL)
+    if "dense_adam" not in args.variants:
+        args.variants.insert(0, "dense_adam")
+    if args.band_sweep is None:
+        args.band_sweep = not quick
+    return args
+
+
+def cases(names, densities):
+    """(variant, density) pairs in report order; density None where unused."""
+    for name in names:
+        if name in variants.BY_DENSITY:
+            for d in densities:
+                yield name, d
+        elif name in variants.MASKED:
+            yield name, variants.MASK_DENSITY
+        else:
+            yield name, None
+
+
+def measure(case_list, n, jit, args, common, *, bandwidth=variants.BANDWIDTH):
+    """Build, warm up and time the cases at one n and jit setting; return rows."""
+    rng = np.random.default_rng(args.seed + n)
+    x = tf.constant(rng.standard_normal((BATCH, n)).astype("float32"))
+    y = tf.constant(rng.standard_normal((BATCH, n)).astype("float32"))
+    rows, steps, counts = [], {}, {}
+    built = []
+    for key, (name, density, bw) in enumerate(case_list):
+        row = dict.fromkeys(report.COLUMNS)
+        row.update(common, jit=jit, n=n, variant=name, density=density)
+        row.update(batch=BATCH, repeats=args.repeats)
+        rows.append(row)
+        try:
+            variant = variants.build(
+                name, n, rng, density=density, bandwidth=bw or bandwidth
+            )
+        except variants.Unavailable as e:
+            row["status"] = f"unavailable: {e}"
+            continue
+        row.update(free_params=variant.free_params, mode=variant.mode)
+        row["bandwidth"] = variant.bandwidth
+        optimizer = keras.optimizers.Adam(learning_rate=1e-3)
+        optimizer.build(variant.params)
+        row["optimizer_state_values"] = variants.optimizer_state_values(optimizer)
+        step = variants.make_step(variant, optimizer, jit=jit)
+        try:
+            counts[key] = timing.warm_up(step, x, y, target_s=args.target_ms / 1e3)
+        except Exception as e:  # noqa: BLE001 - any failure is a finding
+            row["status"] = timing.short_error(e)
+            continue
+        row.update(status="ok", steps=counts[key])
+        steps[key] = step
+        built.append((variant, optimizer))
+    times = timing.interleaved(steps, x, y, counts, repeats=args.repeats, seed=n)
+    baseline = times[0]  # dense_adam comes first
+    for key, samples in times.items():
+        rows[key].update(timing.summarise(samples, baseline))
+    del built, steps
+    gc.collect()
+    return rows
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device, machine = report.machine_description()
+    common = {"device": device, "tf_version": tf.__version__, "machine": machine}
+    suffix = "-quick" if args.quick else ""
+    out_csv = args.out / f"{device}{suffix}.csv"
+    case_list = [(v, d, None) for v, d in cases(args.variants, args.densities)]
+    print(f"{machine}, TensorFlow {tf.__version__}: {len(case_list)} variants")
+    start = time.perf_counter()
+    rows = []
+    for jit in (False, True):
+        for n in args.jit_sizes if jit else args.sizes:
+            rows += measure(case_list, n, jit, args, common)
+            done = time.perf_counter() - start
+            print(f"  jit={jit!s:5} n={n:5}: done at {done:6.1f} s", flush=True)
+    report.write_csv(rows, out_csv)
+    written = [out_csv]
+    if args.band_sweep:
+        n = max(args.sizes)
+        sweep = [("dense_adam", None, None)]
+        widths = [b for b in BAND_SWEEP if b // 2 < n]
+        sweep += [(v, None, b) for b in widths for v in ("band_naive", "band_refimpl")]
+        band_rows = measure(sweep, n, False, args, common)
+        written.append(args.out / f"{device}{suffix}_bandwidth.csv")
+        report.write_csv(band_rows, written[-1])
+    if not args.no_plots:
+        written += report.save_plots(rows, args.out, device + suffix)
+    print(f"wrote in {time.perf_counter() - start:.0f} s:")
+    for path in written:
+        print(f"  {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
