@@ -1,7 +1,7 @@
 """Time one training step of every technique against the dense step.
 
-    python -m benchmarks.run              # full run: CSV and plots in benchmarks/results
-    python -m benchmarks.run --quick      # seconds: a smoke test of the whole pipeline
+    python -m benchmarks.run           # full run: CSV and plots in benchmarks/results
+    python -m benchmarks.run --quick   # seconds: a smoke test of the whole pipeline
 
 The step is forward (``y = x @ W``), mean squared error, gradient and an Adam
 update, inside ``tf.function`` and again with ``jit_compile=True``, for a batch
