@@ -14,8 +14,18 @@ See the book for when to use which.
 
 __version__ = "0.1.0"
 
+# Mask the gradients of a full variable, in a custom loop or in fit.
+from refimpl.gradients import (
+    MaskedGradientModel,
+    apply_masked_gradients,
+    mask_gradients,
+)
+
 # Masks and index lists.
 from refimpl.masks import indices_to_mask, mask_to_indices, to_mask
+
+# Different optimizers for different groups of variables.
+from refimpl.optimizers import MultiOptimizer
 
 # Pictures.
 from refimpl.plotting import plot_mask
@@ -44,8 +54,11 @@ from refimpl.testing import assert_frozen, count_free_parameters, moved
 from refimpl.variables import PartialVariable, choose_mode, compose
 
 __all__ = [
+    "MaskedGradientModel",
+    "MultiOptimizer",
     "PartialVariable",
     "__version__",
+    "apply_masked_gradients",
     "assert_frozen",
     "banded",
     "banded_matmul",
@@ -57,6 +70,7 @@ __all__ = [
     "diagonal",
     "diagonal_matmul",
     "indices_to_mask",
+    "mask_gradients",
     "mask_to_indices",
     "minimize",
     "moved",
