@@ -1,0 +1,514 @@
+"""Keras 3 layers whose kernel is built from its free values in the forward pass.
+
+Each layer keeps only its free values as trainable weights, so ``summary()``
+and :func:`refimpl.count_free_parameters` report the true number of free
+parameters, and no optimizer (weight decay included) can move a fixed entry.
+The math is :mod:`refimpl.structured` and :mod:`refimpl.variables`; these
+classes only hold the weights. Like ``Dense``, each computes
+``activation(x @ kernel + bias)``, and ``layer.kernel`` is the dense kernel
+(in the variable dtype), for inspection and for :func:`refimpl.assert_frozen`.
+
+Fixed values (a fixed diagonal, fixed blocks) are constructor arguments, so
+they are part of ``get_config`` and of a ``.keras`` file's config.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from refimpl._layer_base import (
+    StructuredDense,
+    array_shape,
+    float_array,
+    input_dim,
+    listed,
+    non_negative_int,
+    parse_grid,
+)
+from refimpl.masks import mask_to_indices, to_mask
+from refimpl.structured import (
+    banded,
+    banded_matmul,
+    block,
+    block_matmul,
+    diagonal,
+    diagonal_matmul,
+)
+from refimpl.variables import choose_mode, compose
+
+__all__ = ["BandedDense", "BlockDense", "DiagonalDense", "PartialDense"]
+
+
+@keras.saving.register_keras_serializable(package="refimpl")
+class DiagonalDense(StructuredDense):
+    """``y = x * w (+ b)``: a Dense layer whose kernel is ``diag(w)``, in O(n).
+
+    The only kernel weight is ``diagonal`` (shape ``[n]``, ``n`` the input
+    size); the output has the input's shape.
+
+    Args:
+        activation: as for ``keras.layers.Dense``.
+        use_bias: add a trainable bias of length ``n`` (default ``False``).
+        kernel_initializer: for ``diagonal``; ``"ones"`` starts at the identity.
+        bias_initializer: for the bias.
+        **kwargs: base ``Layer`` arguments (``name``, ``dtype``, ...).
+
+    >>> layer = DiagonalDense()
+    >>> layer(np.ones((1, 3), "float32")).numpy()
+    array([[1., 1., 1.]], dtype=float32)
+    >>> layer.count_params()
+    3
+    """
+
+    def __init__(
+        self,
+        *,
+        activation=None,
+        use_bias=False,
+        kernel_initializer="ones",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(
+            activation=activation,
+            use_bias=use_bias,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+            **kwargs,
+        )
+
+    def build(self, input_shape):
+        n = input_dim(input_shape)
+        self.diagonal = self.add_weight(
+            name="diagonal", shape=(n,), initializer=self.kernel_initializer
+        )
+        self._build_bias(n, n)
+
+    def _units_for(self, n):
+        return n
+
+    def _product(self, x, dtype):
+        return diagonal_matmul(x, tf.cast(self.diagonal, dtype))
+
+    def _kernel(self, dtype):
+        return diagonal(tf.cast(self.diagonal, dtype))
+
+    def _trainable_mask(self):
+        return np.eye(self.diagonal.shape[0], dtype=bool)
+
+
+@keras.saving.register_keras_serializable(package="refimpl")
+class BandedDense(StructuredDense):
+    """A square Dense layer whose kernel is zero outside a band, in O(n*b).
+
+    The kernel ``W`` (``y = x @ W``) keeps the diagonals at offsets ``-lower``
+    to ``upper``, as ``tf.linalg.band_part(W, lower, upper)`` would: ``lower``
+    diagonals below the main one, ``upper`` above. Trainable weights: the
+    off-diagonals, concatenated from the lowest offset up (``off_diagonals``),
+    and the main diagonal (``diagonal``) unless ``fixed_diagonal`` is given.
+
+    Args:
+        lower: number of trainable diagonals below the main one, ``>= 0``.
+        upper: number of trainable diagonals above the main one, ``>= 0``.
+        fixed_diagonal: ``None`` for a trainable main diagonal, or its fixed
+            value: a number, or a list of ``n`` numbers.
+        activation: as for ``keras.layers.Dense``.
+        use_bias: add a trainable bias (default ``False``).
+        kernel_initializer: for ``off_diagonals`` (default ``"zeros"``).
+        diagonal_initializer: for a trainable main diagonal (default
+            ``"ones"``, so that by default the layer starts as the identity).
+        bias_initializer: for the bias.
+        **kwargs: base ``Layer`` arguments.
+
+    Raises:
+        ValueError, TypeError: for widths that are not ints ``>= 0``, or (when
+            built) not below ``n``, and for a ``fixed_diagonal`` of the wrong
+            length.
+
+    >>> layer = BandedDense(1, 1, fixed_diagonal=1.0)
+    >>> layer.build((None, 4))
+    >>> layer.count_params()  # 3 + 3 off-diagonal values; the diagonal is fixed
+    6
+    """
+
+    def __init__(
+        self,
+        lower: int,
+        upper: int,
+        *,
+        fixed_diagonal=None,
+        activation=None,
+        use_bias=False,
+        kernel_initializer="zeros",
+        diagonal_initializer="ones",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(
+            activation=activation,
+            use_bias=use_bias,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+            **kwargs,
+        )
+        self.lower = non_negative_int(lower, "lower")
+        self.upper = non_negative_int(upper, "upper")
+        self.fixed_diagonal = fixed_diagonal
+        self._fixed = (
+            None
+            if fixed_diagonal is None
+            else float_array(fixed_diagonal, "fixed_diagonal", max_ndim=1)
+        )
+        self.diagonal_initializer = keras.initializers.get(diagonal_initializer)
+
+    def build(self, input_shape):
+        n = input_dim(input_shape)
+        for name, width in (("lower", self.lower), ("upper", self.upper)):
+            if width >= n:
+                raise ValueError(
+                    f"`{name}` must be below the matrix size {n}: an {n}x{n} "
+                    f"matrix has {n - 1} diagonals on each side. Received: "
+                    f"{name}={width}"
+                )
+        if self._fixed is not None and self._fixed.ndim == 1 and len(self._fixed) != n:
+            raise ValueError(
+                f"`fixed_diagonal` must be a number or {n} numbers, one per "
+                f"input feature. Received {len(self._fixed)} numbers"
+            )
+        self._n = n
+        self._off = [k for k in range(-self.lower, self.upper + 1) if k != 0]
+        self.off_diagonals = None
+        if self._off:
+            self.off_diagonals = self.add_weight(
+                name="off_diagonals",
+                shape=(sum(n - abs(k) for k in self._off),),
+                initializer=self.kernel_initializer,
+            )
+        self.diagonal = None
+        if self._fixed is None:
+            self.diagonal = self.add_weight(
+                name="diagonal", shape=(n,), initializer=self.diagonal_initializer
+            )
+        self._build_bias(n, n)
+
+    def _units_for(self, n):
+        return n
+
+    def _diagonals(self, dtype):
+        """The band as (diagonals, offsets), for :mod:`refimpl.structured`."""
+        if self._fixed is None:
+            main = tf.cast(self.diagonal, dtype)
+        else:
+            main = tf.cast(np.broadcast_to(self._fixed, (self._n,)), dtype)
+        diagonals, offsets = [main], [0]
+        if self._off:
+            sizes = [self._n - abs(k) for k in self._off]
+            pieces = tf.split(tf.cast(self.off_diagonals, dtype), sizes)
+            diagonals += pieces
+            offsets += self._off
+        return diagonals, offsets
+
+    def _product(self, x, dtype):
+        return banded_matmul(x, *self._diagonals(dtype))
+
+    def _kernel(self, dtype):
+        return banded(*self._diagonals(dtype))
+
+    def _trainable_mask(self):
+        i, j = np.indices((self._n, self._n))
+        band = (j - i >= -self.lower) & (j - i <= self.upper)
+        return band & ~((i == j) & (self._fixed is not None))
+
+    def get_config(self) -> dict:
+        config = {
+            "lower": self.lower,
+            "upper": self.upper,
+            "fixed_diagonal": listed(self.fixed_diagonal),
+            "diagonal_initializer": keras.initializers.serialize(
+                self.diagonal_initializer
+            ),
+        }
+        return {**super().get_config(), **config}
+
+
+@keras.saving.register_keras_serializable(package="refimpl")
+class BlockDense(StructuredDense):
+    """A Dense layer whose kernel is a grid of fixed, zero and trainable blocks.
+
+    The kernel ``W`` (``y = x @ W``) is assembled like ``np.block(blocks)``;
+    the product runs as split matmuls that skip the zero blocks, and only the
+    trainable blocks are weights (``block_i_j``).
+
+    Args:
+        blocks: a rectangular list of block rows. Each entry is ``None`` (a
+            zero block), ``"trainable"`` (a trainable block drawn by
+            ``kernel_initializer``), or a 2-D array of fixed values.
+        row_sizes: the height of each block row (input features); needed only
+            for a row without a fixed block, checked against the others.
+        col_sizes: the width of each block column (output units); likewise.
+        activation: as for ``keras.layers.Dense``.
+        use_bias: add a trainable bias (default ``False``).
+        kernel_initializer: for the trainable blocks, called once per block.
+        bias_initializer: for the bias.
+        **kwargs: base ``Layer`` arguments.
+
+    Raises:
+        ValueError, TypeError: for a ragged grid, an unknown entry, blocks
+            whose heights or widths disagree, sizes that cannot be inferred,
+            or (when built) an input size other than the sum of the heights.
+
+    >>> eye = np.eye(2)
+    >>> layer = BlockDense([[None, -0.2 * eye], [0.35 * eye, "trainable"]])
+    >>> layer.build((None, 4))
+    >>> [(w.name, tuple(w.shape)) for w in layer.trainable_weights]
+    [('block_1_1', (2, 2))]
+    """
+
+    def __init__(
+        self,
+        blocks,
+        *,
+        row_sizes=None,
+        col_sizes=None,
+        activation=None,
+        use_bias=False,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(
+            activation=activation,
+            use_bias=use_bias,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+            **kwargs,
+        )
+        self.blocks = blocks
+        self.row_sizes = row_sizes
+        self.col_sizes = col_sizes
+        self._grid, self._heights, self._widths = parse_grid(
+            blocks, row_sizes, col_sizes
+        )
+
+    def build(self, input_shape):
+        n = input_dim(input_shape)
+        if n != sum(self._heights):
+            raise ValueError(
+                f"The input size must be the sum of the block-row heights "
+                f"{self._heights}, {sum(self._heights)}. Received an input of "
+                f"shape {tuple(input_shape)}"
+            )
+        self._weights_at = {}
+        for i, row in enumerate(self._grid):
+            for j, entry in enumerate(row):
+                if isinstance(entry, str):
+                    self._weights_at[i, j] = self.add_weight(
+                        name=f"block_{i}_{j}",
+                        shape=(self._heights[i], self._widths[j]),
+                        initializer=self.kernel_initializer,
+                    )
+        self._build_bias(n, sum(self._widths))
+
+    def _units_for(self, n):
+        return sum(self._widths)
+
+    def _rows(self, dtype):
+        """The grid as tensors, ``None`` for zero blocks, for :mod:`structured`."""
+        return [
+            [
+                None
+                if b is None
+                else tf.cast(self._weights_at[i, j] if isinstance(b, str) else b, dtype)
+                for j, b in enumerate(row)
+            ]
+            for i, row in enumerate(self._grid)
+        ]
+
+    def _product(self, x, dtype):
+        return block_matmul(x, self._rows(dtype))
+
+    def _kernel(self, dtype):
+        return block(self._rows(dtype))
+
+    def _trainable_mask(self):
+        return np.block(
+            [
+                [np.full((h, w), isinstance(b, str)) for b, w in zip(row, self._widths)]
+                for row, h in zip(self._grid, self._heights)
+            ]
+        )
+
+    def get_config(self) -> dict:
+        config = {
+            "blocks": [[listed(b) for b in row] for row in self.blocks],
+            "row_sizes": listed(self.row_sizes),
+            "col_sizes": listed(self.col_sizes),
+        }
+        return {**super().get_config(), **config}
+
+
+@keras.saving.register_keras_serializable(package="refimpl")
+class PartialDense(StructuredDense):
+    """A Dense layer of which only the kernel entries in a mask are trainable.
+
+    The kernel is a frozen ``base`` (a non-trainable weight of the kernel's
+    shape) with the free values written over it by
+    :func:`refimpl.variables.compose`. With ``mode="delta"`` (the default)
+    ``free`` holds exactly the ``k`` free values, in the row-major order of
+    the mask, and is the only trainable kernel weight. With ``mode="select"``
+    ``free`` is kernel-sized (faster when most entries are free, but
+    ``summary()`` then counts every entry); ``"auto"`` lets
+    :func:`refimpl.variables.choose_mode` pick by density.
+
+    Args:
+        units: the output size, a positive int.
+        trainable_mask: the trainable kernel entries: a boolean mask of shape
+            ``[input_dim, units]`` or an index list of shape ``[k, 2]``.
+        activation: as for ``keras.layers.Dense``.
+        use_bias: add a (fully trainable) bias (default ``True``).
+        kernel_initializer: draws the whole starting kernel: the frozen
+            entries and the free values' starting point.
+        bias_initializer: for the bias.
+        mode: ``"delta"``, ``"select"`` or ``"auto"``.
+        **kwargs: base ``Layer`` arguments.
+
+    Raises:
+        ValueError, TypeError: for ``units`` that is not a positive int, an
+            unknown ``mode``, or (when built) a mask that does not fit.
+
+    >>> layer = PartialDense(2, [[0, 0], [2, 1]], use_bias=False)
+    >>> layer.build((None, 3))
+    >>> [(w.name, tuple(w.shape), w.trainable) for w in layer.weights]
+    [('free', (2,), True), ('base', (3, 2), False)]
+    """
+
+    def __init__(
+        self,
+        units: int,
+        trainable_mask,
+        *,
+        activation=None,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        mode: str = "delta",
+        **kwargs,
+    ):
+        super().__init__(
+            activation=activation,
+            use_bias=use_bias,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+            **kwargs,
+        )
+        if isinstance(units, bool) or not isinstance(units, (int, np.integer)):
+            raise TypeError(
+                f"`units` must be a positive int. Received: units={units!r}"
+            )
+        if units <= 0:
+            raise ValueError(f"`units` must be a positive int. Received: units={units}")
+        if mode not in ("auto", "delta", "select"):
+            raise ValueError(
+                f"`mode` must be 'auto', 'delta' or 'select'. Received: mode={mode!r}"
+            )
+        self.units = int(units)
+        self._given_mask = trainable_mask
+        self.mode = mode
+        mask_shape = array_shape(trainable_mask)
+        if mask_shape is not None and mask_shape[1:] != (self.units,):
+            raise ValueError(
+                f"`trainable_mask` must have shape [input_dim, {self.units}]. "
+                f"Received a mask of shape {mask_shape}"
+            )
+
+    def build(self, input_shape):
+        n = input_dim(input_shape)
+        self._mask = to_mask(self._given_mask, (n, self.units), name="trainable_mask")
+        self._indices = mask_to_indices(self._mask)
+        self.resolved_mode = (
+            choose_mode(self._mask) if self.mode == "auto" else self.mode
+        )
+        initial = self.kernel_initializer((n, self.units), dtype=self.variable_dtype)
+        start = (
+            initial
+            if self.resolved_mode == "select"
+            else tf.gather_nd(initial, self._indices)
+        )
+        self.base = self.add_weight(
+            name="base",
+            shape=(n, self.units),
+            initializer=lambda *_, **__: initial,
+            trainable=False,
+        )
+        self.free = self.add_weight(
+            name="free", shape=tuple(start.shape), initializer=lambda *_, **__: start
+        )
+        self._build_bias(n, self.units)
+
+    @classmethod
+    def from_dense(
+        cls, dense, trainable_mask, *, mode: str = "delta", name: str | None = None
+    ) -> PartialDense:
+        """Copy a built ``keras.layers.Dense``, leaving only ``trainable_mask`` free.
+
+        The new layer's kernel and bias equal the Dense layer's, bit for bit.
+
+        >>> dense = keras.layers.Dense(2)
+        >>> dense.build((None, 3))
+        >>> layer = PartialDense.from_dense(dense, np.eye(3, 2, dtype=bool))
+        >>> bool(np.array_equal(layer.kernel, dense.kernel))
+        True
+        """
+        if not isinstance(dense, keras.layers.Dense) or not dense.built:
+            raise TypeError(
+                f"`dense` must be a built keras.layers.Dense. Received: dense={dense!r}"
+            )
+        kernel = tf.convert_to_tensor(dense.kernel)
+        layer = cls(
+            dense.units,
+            trainable_mask,
+            activation=dense.activation,
+            use_bias=dense.use_bias,
+            mode=mode,
+            name=name,
+            dtype=dense.dtype_policy,
+        )
+        layer.build((None, kernel.shape[0]))
+        layer.base.assign(kernel)
+        start = (
+            kernel
+            if layer.resolved_mode == "select"
+            else tf.gather_nd(kernel, layer._indices)
+        )
+        layer.free.assign(start)
+        if dense.use_bias:
+            layer.bias.assign(dense.bias)
+        return layer
+
+    def _units_for(self, n):
+        return self.units
+
+    def _product(self, x, dtype):
+        return keras.ops.matmul(x, self._kernel(dtype))
+
+    def _kernel(self, dtype):
+        return compose(
+            tf.cast(self.base, dtype),
+            self._indices,
+            tf.cast(self.free, dtype),
+            mode=self.resolved_mode,
+            mask=self._mask,
+        )
+
+    def _trainable_mask(self):
+        return self._mask.copy()
+
+    def get_config(self) -> dict:
+        config = {
+            "units": self.units,
+            "trainable_mask": listed(self._given_mask),
+            "mode": self.mode,
+        }
+        return {**super().get_config(), **config}
