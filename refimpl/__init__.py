@@ -14,12 +14,18 @@ See the book for when to use which.
 
 __version__ = "0.1.0"
 
+# Re-impose frozen values after every update (a Keras constraint).
+from refimpl.constraints import FreezeEntries
+
 # Mask the gradients of a full variable, in a custom loop or in fit.
 from refimpl.gradients import (
     MaskedGradientModel,
     apply_masked_gradients,
     mask_gradients,
 )
+
+# Keras layers whose kernel is built from its free values.
+from refimpl.layers import BandedDense, BlockDense, DiagonalDense, PartialDense
 
 # Masks and index lists.
 from refimpl.masks import indices_to_mask, mask_to_indices, to_mask
@@ -54,8 +60,13 @@ from refimpl.testing import assert_frozen, count_free_parameters, moved
 from refimpl.variables import PartialVariable, choose_mode, compose
 
 __all__ = [
+    "BandedDense",
+    "BlockDense",
+    "DiagonalDense",
+    "FreezeEntries",
     "MaskedGradientModel",
     "MultiOptimizer",
+    "PartialDense",
     "PartialVariable",
     "__version__",
     "apply_masked_gradients",
