@@ -1,0 +1,189 @@
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from refimpl import PartialVariable, assert_frozen, choose_mode, compose
+from refimpl.variables import SELECT_ABOVE_DENSITY
+from tests.strategies import shape_and_mask
+
+finite = st.floats(-1e6, 1e6, width=32, allow_subnormal=True)
+modes = st.sampled_from(["delta", "select", "auto"])
+
+
+@st.composite
+def dense_and_mask(draw):
+    shape, mask = draw(shape_and_mask())
+    w = draw(hnp.arrays(np.float32, shape, elements=finite))
+    return w, mask
+
+
+@st.composite
+def matrix_and_band_mask(draw):
+    """A square matrix and a mask: a band of random width, or a random mask."""
+    n = draw(st.integers(1, 6))
+    w = draw(hnp.arrays(np.float32, (n, n), elements=st.floats(-2, 2, width=32)))
+    if draw(st.booleans()):
+        below, above = draw(st.integers(0, n - 1)), draw(st.integers(0, n - 1))
+        i, j = np.indices((n, n))
+        mask = (j - i <= above) & (i - j <= below)
+    else:
+        mask = draw(hnp.arrays(np.bool_, (n, n)))
+    return w, mask
+
+
+@given(dense_and_mask(), modes)
+def test_from_dense_then_value_round_trips_bit_exact(case, mode):
+    w, mask = case
+    v = PartialVariable.from_dense(w, mask, mode=mode)
+    np.testing.assert_array_equal(v.value().numpy().view(np.uint32), w.view(np.uint32))
+
+
+@given(matrix_and_band_mask(), st.sampled_from(["delta", "select"]))
+def test_adamw_leaves_frozen_entries_bit_exact(case, mode):
+    w, mask = case
+    v = PartialVariable.from_dense(w, mask, mode=mode)
+    optimizer = keras.optimizers.AdamW(0.1, weight_decay=0.5)
+    target = tf.ones_like(w)
+    for _ in range(3):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum((v.value() - target) ** 2)
+        grads = tape.gradient(loss, v.trainable_variables)
+        optimizer.apply_gradients(zip(grads, v.trainable_variables, strict=True))
+    assert_frozen(w, v.value(), mask)
+
+
+def test_training_moves_the_free_entries():
+    mask = np.array([[True, False], [False, True]])
+    v = PartialVariable(tf.zeros((2, 2)), mask, mode="delta")
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum((v.value() - 1.0) ** 2)
+    keras.optimizers.SGD(0.25).apply_gradients(
+        zip(tape.gradient(loss, v.trainable_variables), v.trainable_variables)
+    )
+    np.testing.assert_array_equal(v.value(), [[0.5, 0.0], [0.0, 0.5]])
+
+
+@pytest.mark.parametrize("mode", ["delta", "select"])
+def test_only_free_is_trainable_and_its_size_follows_the_mode(mode):
+    mask = np.zeros((4, 4), bool)
+    mask[1, 2] = mask[3, 0] = True
+    v = PartialVariable(tf.ones((4, 4)), mask, mode=mode)
+    assert [id(t) for t in v.trainable_variables] == [id(v.free)]
+    assert not v.base.trainable
+    assert v.free.shape == ((2,) if mode == "delta" else (4, 4))
+    np.testing.assert_array_equal(v.indices, [[1, 2], [3, 0]])
+    assert v.indices.dtype == np.int64
+
+
+@pytest.mark.parametrize("mode", ["delta", "select"])
+def test_checkpoint_round_trip_restores_free_and_base(mode, tmp_path):
+    mask = np.eye(3, dtype=bool)
+    v = PartialVariable.from_dense(np.arange(9.0, dtype="float32").reshape(3, 3), mask)
+    v = PartialVariable.from_dense(v.value(), mask, mode=mode)
+    v.free.assign(v.free + 1.0)
+    path = tf.train.Checkpoint(v=v).write(str(tmp_path / "ckpt"))
+    restored = PartialVariable(tf.zeros((3, 3)), mask, mode=mode)
+    tf.train.Checkpoint(v=restored).read(path).assert_consumed()
+    np.testing.assert_array_equal(restored.value(), v.value())
+
+
+def test_value_works_inside_tf_function_and_gives_gradients():
+    v = PartialVariable(tf.zeros((2, 3)), [[0, 2]], mode="delta")
+
+    @tf.function
+    def grad():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(v.value() * 3.0)
+        return tape.gradient(loss, v.free)
+
+    np.testing.assert_array_equal(grad(), [3.0])
+
+
+@given(dense_and_mask())
+def test_compose_modes_agree(case):
+    w, mask = case
+    free_values = tf.constant(w[mask] + 1.0)
+    indices = np.argwhere(mask)
+    delta = compose(tf.constant(w), indices, free_values)
+    dense_free = tf.tensor_scatter_nd_update(tf.zeros_like(w), indices, free_values)
+    select = compose(w, indices, dense_free, mode="select", mask=mask)
+    np.testing.assert_array_equal(delta, select)
+
+
+def test_choose_mode_follows_the_density_threshold():
+    mask = np.zeros(100, bool)
+    mask[: int(np.ceil(SELECT_ABOVE_DENSITY * 100))] = True
+    assert choose_mode(mask) == "select"
+    mask[: int(np.ceil(SELECT_ABOVE_DENSITY * 100)) - 1 :] = False
+    assert choose_mode(mask) == "delta"
+    assert PartialVariable(tf.zeros(100), mask).mode == "delta"
+
+
+@pytest.mark.parametrize(
+    "call, error, words",
+    [
+        pytest.param(
+            lambda: PartialVariable(tf.zeros((2, 2)), np.ones(3, bool)),
+            ValueError,
+            "`mask`",
+            id="mask_shape",
+        ),
+        pytest.param(
+            lambda: PartialVariable(tf.zeros(2), [True, False], mode="sparse"),
+            ValueError,
+            "mode='sparse'",
+            id="bad_mode",
+        ),
+        pytest.param(
+            lambda: PartialVariable(tf.zeros(2, tf.int32), [True, False]),
+            TypeError,
+            "floating-point",
+            id="int_value",
+        ),
+        pytest.param(
+            lambda: PartialVariable.from_dense(tf.zeros(2), [[2]]),
+            ValueError,
+            "out of range",
+            id="index_range",
+        ),
+        pytest.param(
+            lambda: compose(tf.zeros(3), [[0]], tf.ones(2)),
+            ValueError,
+            "shape (1,)",
+            id="free_length",
+        ),
+        pytest.param(
+            lambda: compose(tf.zeros(3), [[0]], tf.ones(1), mode="select"),
+            ValueError,
+            "shape (3,)",
+            id="select_free_shape",
+        ),
+        pytest.param(
+            lambda: compose(tf.zeros(3), [[0]], tf.ones(1, tf.float64)),
+            TypeError,
+            "float64",
+            id="free_dtype",
+        ),
+        pytest.param(
+            lambda: compose(tf.zeros(3), [[0]], tf.ones(1), mode="where"),
+            ValueError,
+            "`mode`",
+            id="compose_mode",
+        ),
+        pytest.param(
+            lambda: compose(tf.zeros(3), [[0]], tf.ones(1), mask=[False, True, False]),
+            ValueError,
+            "`mask`",
+            id="mask_disagrees",
+        ),
+        pytest.param(lambda: choose_mode([[0]]), TypeError, "boolean", id="choose_idx"),
+    ],
+)
+def test_bad_arguments_raise(call, error, words):
+    with pytest.raises(error) as info:
+        call()
+    assert words in str(info.value)
