@@ -27,7 +27,7 @@ __all__ = ["mask_gradients", "apply_masked_gradients", "MaskedGradientModel"]
 
 
 def _var_name(variable) -> str:
-    return str(getattr(variable, "path", None) or variable.name)
+    return str(getattr(variable, "path", None) or variable.name).removesuffix(":0")
 
 
 def _check_list(value, name: str) -> list:
@@ -222,7 +222,8 @@ class MaskedGradientModel(keras.Model):
         model: a built Keras model (or layer).
         masks: a list of ``(variable, mask)`` pairs, each variable one of
             ``model.trainable_variables`` and each mask of its shape
-            (``True`` = trainable). Variables not listed train in full.
+            (``True`` = trainable) or ``None``. Variables not listed train
+            in full.
         restore_frozen: see :func:`apply_masked_gradients`.
 
     >>> inner = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
@@ -270,7 +271,9 @@ class MaskedGradientModel(keras.Model):
                     f"`masks[{i}]` gives a second mask for {_var_name(var)!r}"
                 )
             shape = normalize_shape(tf.TensorShape(var.shape))
-            self._mask_by_id[id(var)] = to_mask(mask, shape, name=f"masks[{i}]")
+            self._mask_by_id[id(var)] = (
+                None if mask is None else to_mask(mask, shape, name=f"masks[{i}]")
+            )
 
     def call(self, inputs, training=None):
         return self.model(inputs, training=training)
