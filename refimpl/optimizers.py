@@ -20,6 +20,7 @@ a layer is stored as its name, which does not change.
 
 from __future__ import annotations
 
+import copy
 import re
 
 import keras
@@ -268,7 +269,7 @@ class MultiOptimizer(keras.optimizers.Optimizer):
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
+        config = copy.deepcopy(config)  # Keras' deserialize edits its input
         pairs = []
         for group in config.pop("groups"):
             if isinstance(group, dict):
