@@ -17,6 +17,9 @@ __version__ = "0.1.0"
 # Re-impose frozen values after every update (a Keras constraint).
 from refimpl.constraints import FreezeEntries
 
+# Measure which frozen entries a technique and an optimizer move.
+from refimpl.exactness import TECHNIQUES, Drift, frozen_drift, keras_optimizers
+
 # Mask the gradients of a full variable, in a custom loop or in fit.
 from refimpl.gradients import (
     MaskedGradientModel,
@@ -63,11 +66,13 @@ __all__ = [
     "BandedDense",
     "BlockDense",
     "DiagonalDense",
+    "Drift",
     "FreezeEntries",
     "MaskedGradientModel",
     "MultiOptimizer",
     "PartialDense",
     "PartialVariable",
+    "TECHNIQUES",
     "__version__",
     "apply_masked_gradients",
     "assert_frozen",
@@ -80,7 +85,9 @@ __all__ = [
     "count_free_parameters",
     "diagonal",
     "diagonal_matmul",
+    "frozen_drift",
     "indices_to_mask",
+    "keras_optimizers",
     "mask_gradients",
     "mask_to_indices",
     "minimize",

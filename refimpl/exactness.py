@@ -1,0 +1,334 @@
+"""Measure whether frozen entries keep their bits: technique x optimizer.
+
+:func:`frozen_drift` trains one 2-D weight for a few steps with one technique
+and one optimizer, and counts the frozen entries whose stored bits changed.
+The book's exactness chapter and the conformance tests both run it, so the
+table the book prints and the assertions CI makes come from the same code.
+:func:`keras_optimizers` lists every optimizer class ``keras.optimizers``
+exports, so a class added to Keras joins the table without anyone typing it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import NamedTuple
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from refimpl.constraints import FreezeEntries
+from refimpl.gradients import apply_masked_gradients
+from refimpl.layers import BandedDense, PartialDense
+from refimpl.masks import to_mask
+from refimpl.stop_gradient import one_hot_trainable, partially_trainable
+from refimpl.testing import moved
+from refimpl.variables import PartialVariable
+
+__all__ = ["TECHNIQUES", "Drift", "frozen_drift", "keras_optimizers"]
+
+#: Every technique :func:`frozen_drift` runs, mapped to its family.
+TECHNIQUES = {
+    "mask stop_gradient": "restrict the update",
+    "one-hot stop_gradient": "restrict the update",
+    "gradient masking": "restrict the update",
+    "gradient masking + restore_frozen": "restrict the update",
+    "FreezeEntries constraint": "restrict the update",
+    "separate variables": "reparametrize",
+    "PartialVariable (delta)": "reparametrize",
+    "PartialDense layer": "reparametrize",
+    "BandedDense layer": "reparametrize",
+}
+_DTYPES = ("float32", "mixed_float16", "mixed_bfloat16")
+_MODES = ("eager", "function", "xla")
+
+
+class Drift(NamedTuple):
+    """What :func:`frozen_drift` measured."""
+
+    moved: int  #: frozen entries whose bits changed
+    frozen: int  #: frozen entries in all
+    nonfinite: int  #: entries (frozen or not) that ended NaN or infinite
+    before: np.ndarray  #: the dense weight before training
+    after: np.ndarray  #: the dense weight after training
+    mask: np.ndarray  #: the trainable positions
+
+
+def keras_optimizers(*, weight_decay: float = 0.004) -> dict[str, Callable]:
+    """Return a factory for every optimizer class in ``keras.optimizers``.
+
+    Each class is built with its defaults; a wrapper (``LossScaleOptimizer``,
+    Keras' own ``MultiOptimizer``) wraps ``Adam``. Every class that takes
+    ``weight_decay`` gets a second entry with the other choice: ``weight_decay``
+    where the default is none, ``0`` where the default decays (AdamW, Muon).
+    ``SGD(momentum=0.9)`` is added as well. A class that needs arguments this
+    function does not know gets a factory that raises Keras' own error.
+
+    >>> factories = keras_optimizers()
+    >>> factories["Adam(weight_decay=0.004)"]().weight_decay
+    0.004
+    """
+    factories: dict[str, Callable] = {}
+    for name in sorted(dir(keras.optimizers)):
+        cls = getattr(keras.optimizers, name)
+        if not (inspect.isclass(cls) and issubclass(cls, keras.optimizers.Optimizer)):
+            continue
+        if cls is keras.optimizers.Optimizer:
+            continue
+        params = inspect.signature(cls.__init__).parameters
+        if "inner_optimizer" in params:
+            factories[name] = lambda cls=cls: cls(keras.optimizers.Adam())
+        elif "optimizer_map" in params:
+            factories[name] = lambda cls=cls: cls(
+                keras.optimizers.OptimizerMap(keras.optimizers.Adam())
+            )
+        else:
+            factories[name] = cls
+        if name == "SGD":
+            factories["SGD(momentum=0.9)"] = lambda: keras.optimizers.SGD(momentum=0.9)
+        if "weight_decay" in params:
+            decay = 0 if params["weight_decay"].default else weight_decay
+            factories[f"{name}(weight_decay={decay})"] = lambda cls=cls, decay=decay: (
+                cls(weight_decay=decay)
+            )
+    return factories
+
+
+def frozen_drift(
+    technique: str,
+    optimizer,
+    mask,
+    *,
+    steps: int = 5,
+    dtype: str = "float32",
+    mode: str = "eager",
+    seed: int = 0,
+) -> Drift:
+    """Train a square weight with ``technique`` and count the frozen entries moved.
+
+    The weight ``W`` (random normal, from ``seed``) acts on a fixed random
+    batch as ``y = x @ W``; the loss is the mean squared distance to a random
+    target, so every entry of ``W`` has a non-zero gradient. After ``steps``
+    optimizer steps the dense weight is compared with its starting value bit
+    for bit (:func:`refimpl.testing.moved`).
+
+    Args:
+        technique: a key of :data:`TECHNIQUES`.
+        optimizer: a fresh (unused) Keras optimizer, or a function of no
+            arguments that returns one.
+        mask: the trainable positions, a square boolean (or 0.0/1.0) mask;
+            for ``"BandedDense layer"`` a band around the main diagonal.
+        steps: the number of optimizer steps, ``>= 1``.
+        dtype: ``"float32"``, ``"mixed_float16"`` (the forward pass in
+            float16 and, as ``model.compile`` does, the optimizer wrapped in a
+            ``LossScaleOptimizer``) or ``"mixed_bfloat16"``. Weights stay
+            float32.
+        mode: ``"eager"``, ``"function"`` (the step in ``tf.function``) or
+            ``"xla"`` (``tf.function(jit_compile=True)``).
+        seed: seeds the weight, the batch and the target.
+
+    Returns:
+        A :class:`Drift`.
+
+    Raises:
+        ValueError, TypeError: for an unknown technique, dtype or mode, a bad
+            mask, or an optimizer that is not a fresh Keras optimizer; and
+            whatever an optimizer raises when it cannot run the technique.
+
+    >>> mask = np.eye(3, dtype=bool)
+    >>> frozen_drift("gradient masking", keras.optimizers.Adam(), mask).moved
+    0
+    >>> frozen_drift("gradient masking", keras.optimizers.AdamW(), mask).moved
+    6
+    """
+    mask, optimizer = _check(technique, optimizer, mask, steps, dtype, mode)
+    rng = np.random.default_rng(seed)
+    n = mask.shape[0]
+    init = rng.normal(size=(n, n)).astype("float32")
+    x = tf.constant(rng.normal(size=(8, n)).astype("float32"))
+    target = tf.constant(rng.normal(size=(8, n)).astype("float32"))
+    variables, output, weight, apply = _CASES[technique](
+        init, mask, dtype.removeprefix("mixed_")
+    )
+    if dtype == "mixed_float16" and not isinstance(
+        optimizer, keras.optimizers.LossScaleOptimizer
+    ):
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    optimizer.build(variables)
+    before = _numpy(weight())
+
+    def step():
+        with tf.GradientTape() as tape:
+            y = tf.cast(output(x), "float32")
+            loss = optimizer.scale_loss(tf.reduce_mean(tf.square(y - target)))
+        grads = tape.gradient(loss, variables)
+        if apply is None:
+            optimizer.apply_gradients(zip(grads, variables))
+        else:
+            apply(optimizer, grads)
+
+    if mode != "eager":
+        step = tf.function(step, jit_compile=mode == "xla", autograph=False)
+    for _ in range(steps):
+        step()
+    after = _numpy(weight())
+    return Drift(
+        moved=int((moved(before, after) & ~mask).sum()),
+        frozen=int((~mask).sum()),
+        nonfinite=int((~np.isfinite(after)).sum()),
+        before=before,
+        after=after,
+        mask=mask,
+    )
+
+
+def _numpy(value) -> np.ndarray:
+    return np.array(keras.ops.convert_to_numpy(value))
+
+
+def _check(technique, optimizer, mask, steps, dtype, mode):
+    if technique not in TECHNIQUES:
+        raise ValueError(
+            f"`technique` must be one of {list(TECHNIQUES)}. "
+            f"Received: technique={technique!r}"
+        )
+    for name, value, known in (("dtype", dtype, _DTYPES), ("mode", mode, _MODES)):
+        if value not in known:
+            raise ValueError(f"`{name}` must be one of {known}. Received: {value!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"`steps` must be an int >= 1. Received: steps={steps!r}")
+    if callable(optimizer) and not isinstance(optimizer, keras.optimizers.Optimizer):
+        optimizer = optimizer()
+    if not isinstance(optimizer, keras.optimizers.Optimizer) or optimizer.built:
+        raise TypeError(
+            "`optimizer` must be a fresh (never applied) Keras optimizer, or a "
+            f"function that returns one. Received: optimizer={optimizer!r}"
+        )
+    array = np.asarray(mask.numpy() if hasattr(mask, "numpy") else mask)
+    if array.dtype != bool and not np.issubdtype(array.dtype, np.floating):
+        raise TypeError(
+            "`mask` must be a boolean (or 0.0/1.0) mask of the square weight. "
+            f"Received dtype {array.dtype}: mask={mask!r}"
+        )
+    if array.ndim != 2 or array.shape[0] != array.shape[1] or not array.size:
+        raise ValueError(
+            "`mask` must be a square mask of a non-empty 2-D weight. "
+            f"Received a mask of shape {array.shape}"
+        )
+    mask = to_mask(array, array.shape)
+    if technique == "BandedDense layer":
+        _band_widths(mask)
+    return mask, optimizer
+
+
+def _band_widths(mask: np.ndarray) -> tuple[int, int]:
+    offsets = np.subtract(*np.nonzero(mask)[::-1])  # column - row
+    lower = int(max(0, -offsets.min())) if offsets.size else 0
+    upper = int(max(0, offsets.max())) if offsets.size else 0
+    n = mask.shape[0]
+    band = np.tril(np.triu(np.ones((n, n), bool), -lower), upper)
+    if not np.array_equal(mask, band):
+        raise ValueError(
+            "For the BandedDense layer, `mask` must be a full band around the "
+            f"main diagonal. Received a mask with {int(mask.sum())} entries "
+            f"that is not the band of widths lower={lower}, upper={upper}"
+        )
+    return lower, upper
+
+
+def _matmul(weight, compute):
+    def output(x):
+        return tf.matmul(tf.cast(x, compute), tf.cast(weight(), compute))
+
+    return output
+
+
+def _full(wrap, masked_apply=None):
+    """A full tf.Variable: the gradient blocked, or masked when it is applied."""
+
+    def build(init, mask, compute):
+        w = tf.Variable(init)
+        if masked_apply is None:
+            return [w], _matmul(lambda: wrap(w, mask), compute), w.read_value, None
+
+        def apply(opt, grads):
+            apply_masked_gradients(opt, [(grads[0], w)], [mask], **masked_apply)
+
+        return [w], _matmul(w.read_value, compute), w.read_value, apply
+
+    return build
+
+
+def _separate(init, mask, compute):
+    # The free values in one variable (the optimizer's var_list), the frozen
+    # ones in another that no optimizer gets; dynamic_stitch copies values.
+    flat, at = init.reshape(-1), [np.flatnonzero(mask), np.flatnonzero(~mask)]
+    free = tf.Variable(flat[at[0]], name="free")
+    frozen = tf.Variable(flat[at[1]], trainable=False, name="frozen")
+
+    def weight():
+        return tf.reshape(tf.dynamic_stitch(at, [free, frozen]), init.shape)
+
+    return [free], _matmul(weight, compute), weight, None
+
+
+def _partial_variable(init, mask, compute):
+    v = PartialVariable(init, mask, mode="delta")
+    return [v.free], _matmul(v.value, compute), v.value, None
+
+
+def _layer(make):
+    def build(init, mask, compute):
+        layer = make(
+            init, mask, "float32" if compute == "float32" else f"mixed_{compute}"
+        )
+        if not layer.built:
+            layer.build((None, init.shape[0]))
+        return layer.trainable_weights, layer, lambda: layer.kernel, None
+
+    return build
+
+
+def _constraint(init, mask, policy):
+    # The Keras way: a constraint on the kernel, applied after every update.
+    return keras.layers.Dense(
+        init.shape[1],
+        use_bias=False,
+        kernel_initializer=keras.initializers.Constant(init),
+        kernel_constraint=FreezeEntries(mask, init),
+        dtype=policy,
+    )
+
+
+def _partial_dense(init, mask, policy):
+    constant = keras.initializers.Constant(init)
+    return PartialDense(
+        init.shape[1], mask, use_bias=False, kernel_initializer=constant, dtype=policy
+    )
+
+
+def _banded_dense(init, mask, policy):
+    lower, upper = _band_widths(mask)
+    layer = BandedDense(lower, upper, dtype=policy)
+    layer.build((None, init.shape[0]))
+    offsets = [k for k in range(-lower, upper + 1) if k != 0]
+    if offsets:  # start from the band of `init`, lowest offset first
+        layer.off_diagonals.assign(
+            np.concatenate([np.diagonal(init, k) for k in offsets])
+        )
+    layer.diagonal.assign(np.diagonal(init))
+    return layer
+
+
+_CASES = {
+    "mask stop_gradient": _full(partially_trainable),
+    "one-hot stop_gradient": _full(one_hot_trainable),
+    "gradient masking": _full(None, {"restore_frozen": False}),
+    "gradient masking + restore_frozen": _full(None, {"restore_frozen": True}),
+    "FreezeEntries constraint": _layer(_constraint),
+    "separate variables": _separate,
+    "PartialVariable (delta)": _partial_variable,
+    "PartialDense layer": _layer(_partial_dense),
+    "BandedDense layer": _layer(_banded_dense),
+}
