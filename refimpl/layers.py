@@ -300,15 +300,15 @@ class BlockDense(StructuredDense):
                 f"{self._heights}, {sum(self._heights)}. Received an input of "
                 f"shape {tuple(input_shape)}"
             )
-        self._weights_at = {}
         for i, row in enumerate(self._grid):
             for j, entry in enumerate(row):
                 if isinstance(entry, str):
-                    self._weights_at[i, j] = self.add_weight(
+                    weight = self.add_weight(
                         name=f"block_{i}_{j}",
                         shape=(self._heights[i], self._widths[j]),
                         initializer=self.kernel_initializer,
                     )
+                    setattr(self, f"block_{i}_{j}", weight)  # tracked by name
         self._build_bias(n, sum(self._widths))
 
     def _units_for(self, n):
@@ -320,7 +320,9 @@ class BlockDense(StructuredDense):
             [
                 None
                 if b is None
-                else tf.cast(self._weights_at[i, j] if isinstance(b, str) else b, dtype)
+                else tf.cast(
+                    getattr(self, f"block_{i}_{j}") if isinstance(b, str) else b, dtype
+                )
                 for j, b in enumerate(row)
             ]
             for i, row in enumerate(self._grid)

@@ -1,0 +1,445 @@
+import inspect
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from refimpl import (
+    BandedDense,
+    BlockDense,
+    DiagonalDense,
+    PartialDense,
+    assert_frozen,
+    count_free_parameters,
+    moved,
+)
+
+EYE3 = np.eye(3)
+SEED_BLOCKS = [[None, -0.2 * EYE3], [0.35 * EYE3, "trainable"]]
+RANDOM_MASK = np.random.default_rng(3).random((5, 4)) < 0.4
+DENSE_MASK = np.random.default_rng(4).random((5, 4)) < 0.8
+
+# name: (factory, input size, expected number of free kernel values)
+LAYERS = {
+    "diagonal": (lambda: DiagonalDense(use_bias=True), 5, 5),
+    "band_fixed_diag": (lambda: BandedDense(1, 2, fixed_diagonal=1.0), 6, 5 + 5 + 4),
+    "band_lower_only": (lambda: BandedDense(2, 0), 4, 4 + 3 + 2),
+    "block_seed": (lambda: BlockDense(SEED_BLOCKS), 6, 9),
+    "block_sizes": (
+        lambda: BlockDense(
+            [["trainable", None], [np.ones((1, 2)), "trainable"]],
+            row_sizes=[2, 1],
+            col_sizes=[2, 3],
+            use_bias=True,
+        ),
+        3,
+        4 + 3,
+    ),
+    "partial_delta": (lambda: PartialDense(4, RANDOM_MASK), 5, RANDOM_MASK.sum()),
+    "partial_select": (
+        lambda: PartialDense(4, DENSE_MASK, mode="select"),
+        5,
+        DENSE_MASK.size,  # select keeps a kernel-sized free weight
+    ),
+    "partial_indices": (
+        lambda: PartialDense(3, [[0, 0], [2, 1], [1, 2]], activation="tanh"),
+        3,
+        3,
+    ),
+}
+
+
+def _data(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(16, n)).astype("float32")
+
+
+def _model(layer, n, *, jit=False, optimizer=None):
+    model = keras.Sequential([keras.Input((n,)), layer])
+    optimizer = optimizer or keras.optimizers.AdamW(0.05, weight_decay=0.5)
+    model.compile(optimizer=optimizer, loss="mse", jit_compile=jit)
+    return model
+
+
+def _targets(model, n, seed=1):
+    units = model.output_shape[-1]
+    return np.random.default_rng(seed).normal(size=(16, units)).astype("float32")
+
+
+@pytest.fixture
+def mixed_precision():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layer_trains_saves_loads_and_trains_again_with_frozen_entries_bit_exact(
+    name, tmp_path
+):
+    factory, n, _ = LAYERS[name]
+    layer = factory()
+    model = _model(layer, n)
+    x = _data(n)
+    y = _targets(model, n)
+    start = layer.kernel.numpy()
+    mask = layer.trainable_mask
+    model.fit(x, y, epochs=3, batch_size=8, verbose=0)
+    assert_frozen(start, layer.kernel, mask)
+    assert (moved(start, layer.kernel) & mask).any(), "no free entry moved"
+
+    path = tmp_path / "model.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_array_equal(
+        loaded.predict(x, verbose=0), model.predict(x, verbose=0)
+    )
+
+    reloaded_layer = loaded.layers[0]
+    assert type(reloaded_layer) is type(layer)
+    np.testing.assert_array_equal(reloaded_layer.trainable_mask, mask)
+    before_second = reloaded_layer.kernel.numpy()
+    loaded.fit(x, y, epochs=2, batch_size=8, verbose=0)
+    assert (moved(before_second, reloaded_layer.kernel) & mask).any()
+    assert_frozen(start, reloaded_layer.kernel, mask)
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_trainable_weights_hold_exactly_the_free_values(name):
+    factory, n, free = LAYERS[name]
+    layer = factory()
+    layer.build((None, n))
+    bias = layer.kernel.shape[1] if layer.use_bias else 0
+    assert count_free_parameters(layer) == free + bias
+    if not (isinstance(layer, PartialDense) and layer.mode == "select"):
+        assert layer.trainable_mask.sum() == free
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_summary_reports_the_true_trainable_count(name):
+    factory, n, free = LAYERS[name]
+    layer = factory()
+    model = _model(layer, n)
+    lines = []
+    model.summary(print_fn=lambda line, *args, **kwargs: lines.append(line))
+    text = "\n".join(lines)
+    bias = layer.kernel.shape[1] if layer.use_bias else 0
+    assert f"Trainable params: {free + bias:,}" in text
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_call_equals_x_times_the_dense_kernel(name):
+    factory, n, _ = LAYERS[name]
+    layer = factory()
+    x = _data(n)
+    y = layer(x)
+    bias = layer.bias.numpy() if layer.use_bias else 0.0
+    expected = x @ layer.kernel.numpy() + bias
+    if isinstance(layer, PartialDense) and layer.activation is keras.activations.tanh:
+        expected = np.tanh(expected)
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_from_config_round_trip_gives_the_same_layer(name):
+    factory, n, _ = LAYERS[name]
+    layer = factory()
+    x = _data(n)
+    layer(x)
+    config = layer.get_config()
+    init_args = set(inspect.signature(type(layer).__init__).parameters)
+    assert init_args - {"self", "kwargs"} <= set(config)
+    clone = type(layer).from_config(config)
+    clone.build((None, n))
+    clone.set_weights(layer.get_weights())
+    assert clone.get_config() == config
+    np.testing.assert_array_equal(clone(x), layer(x))
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_checkpoint_round_trip_restores_the_kernel(name, tmp_path):
+    factory, n, _ = LAYERS[name]
+    model = _model(factory(), n)
+    model.fit(_data(n), _targets(model, n), epochs=1, verbose=0)
+    path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
+    fresh = _model(factory(), n)
+    tf.train.Checkpoint(model=fresh).restore(path).assert_existing_objects_matched()
+    np.testing.assert_array_equal(fresh.layers[0].kernel, model.layers[0].kernel)
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layer_trains_under_jit_compile_and_mixed_float16(name, mixed_precision):
+    factory, n, _ = LAYERS[name]
+    layer = factory()
+    model = _model(layer, n, jit=True)
+    x = _data(n)
+    start = layer.kernel.numpy()
+    model.fit(x, _targets(model, n), epochs=2, batch_size=8, verbose=0)
+    assert layer.kernel.dtype == tf.float32
+    assert model(x).dtype == tf.float16
+    assert_frozen(start, layer.kernel, layer.trainable_mask)
+    assert (moved(start, layer.kernel) & layer.trainable_mask).any()
+
+
+def test_block_dense_reproduces_the_fixed_blocks_exactly():
+    layer = BlockDense(SEED_BLOCKS)
+    layer.build((None, 6))
+    kernel = layer.kernel.numpy()
+    np.testing.assert_array_equal(kernel[:3, :3], np.zeros((3, 3), "float32"))
+    np.testing.assert_array_equal(kernel[:3, 3:], np.float32(-0.2) * np.eye(3))
+    np.testing.assert_array_equal(kernel[3:, :3], np.float32(0.35) * np.eye(3))
+    expected_mask = np.zeros((6, 6), bool)
+    expected_mask[3:, 3:] = True
+    np.testing.assert_array_equal(layer.trainable_mask, expected_mask)
+
+
+def test_banded_dense_is_zero_outside_the_band_with_the_fixed_diagonal():
+    layer = BandedDense(1, 1, fixed_diagonal=[1.0, 2.0, 3.0, 4.0])
+    layer.build((None, 4))
+    layer.off_diagonals.assign(np.arange(1, 7, dtype="float32"))
+    kernel = layer.kernel.numpy()
+    np.testing.assert_array_equal(np.diag(kernel), [1.0, 2.0, 3.0, 4.0])
+    np.testing.assert_array_equal(np.diag(kernel, -1), [1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(np.diag(kernel, 1), [4.0, 5.0, 6.0])
+    np.testing.assert_array_equal(tf.linalg.band_part(kernel, 1, 1), kernel)
+
+
+def test_partial_dense_from_dense_copies_kernel_and_bias_bit_exact():
+    dense = keras.layers.Dense(4, activation="relu", bias_initializer="ones")
+    dense.build((None, 5))
+    for mode in ("delta", "select", "auto"):
+        layer = PartialDense.from_dense(dense, RANDOM_MASK, mode=mode)
+        np.testing.assert_array_equal(layer.kernel, dense.kernel)
+        np.testing.assert_array_equal(layer.bias, dense.bias)
+        x = _data(5)
+        np.testing.assert_array_equal(layer(x), dense(x))
+
+
+def test_partial_dense_modes_build_the_same_kernel():
+    init = keras.initializers.GlorotUniform(seed=7)
+    kernels = [
+        PartialDense(4, RANDOM_MASK, kernel_initializer=init, mode=mode)
+        for mode in ("delta", "select")
+    ]
+    for layer in kernels:
+        layer.build((None, 5))
+    np.testing.assert_array_equal(kernels[0].kernel, kernels[1].kernel)
+    assert kernels[0].free.shape == (RANDOM_MASK.sum(),)
+    assert kernels[1].free.shape == RANDOM_MASK.shape
+
+
+def test_partial_dense_with_nothing_free_trains_only_the_bias():
+    layer = PartialDense(2, [], use_bias=True)
+    model = _model(layer, 3)
+    start = layer.kernel.numpy()
+    model.fit(_data(3), _targets(model, 3), epochs=1, verbose=0)
+    assert_frozen(start, layer.kernel, np.zeros((3, 2), bool))
+    assert count_free_parameters(layer) == 2
+
+
+@pytest.mark.parametrize(
+    "make, error, words",
+    [
+        pytest.param(
+            lambda: DiagonalDense(use_bias="no"), TypeError, "use_bias", id="diag_bias"
+        ),
+        pytest.param(
+            lambda: BandedDense(-1, 0), ValueError, "lower=-1", id="band_negative"
+        ),
+        pytest.param(
+            lambda: BandedDense(1, 1.5), TypeError, "upper=1.5", id="band_float"
+        ),
+        pytest.param(lambda: BandedDense(True, 0), TypeError, "lower", id="band_bool"),
+        pytest.param(
+            lambda: BandedDense(0, 0, fixed_diagonal=np.eye(2)),
+            ValueError,
+            "fixed_diagonal",
+            id="band_fixed_2d",
+        ),
+        pytest.param(
+            lambda: BandedDense(0, 0, fixed_diagonal="one"),
+            TypeError,
+            "fixed_diagonal",
+            id="band_fixed_text",
+        ),
+        pytest.param(lambda: BlockDense([]), ValueError, "non-empty", id="block_empty"),
+        pytest.param(
+            lambda: BlockDense([[EYE3, None], [EYE3]]),
+            ValueError,
+            "rectangular",
+            id="ragged",
+        ),
+        pytest.param(
+            lambda: BlockDense([["train"]], row_sizes=[1], col_sizes=[1]),
+            ValueError,
+            "'train'",
+            id="block_unknown_word",
+        ),
+        pytest.param(
+            lambda: BlockDense([[np.ones((2, 2, 2))]]),
+            ValueError,
+            "at most 2",
+            id="block_3d",
+        ),
+        pytest.param(
+            lambda: BlockDense([[np.eye(2), np.eye(3)]]),
+            ValueError,
+            "block row 0",
+            id="block_heights_disagree",
+        ),
+        pytest.param(
+            lambda: BlockDense([[np.eye(2)], [np.ones((2, 3))]]),
+            ValueError,
+            "block column 0",
+            id="block_widths_disagree",
+        ),
+        pytest.param(
+            lambda: BlockDense([["trainable", EYE3]]),
+            ValueError,
+            "col_sizes",
+            id="block_width_unknown",
+        ),
+        pytest.param(
+            lambda: BlockDense([[EYE3]], row_sizes=[2]),
+            ValueError,
+            "block row 0",
+            id="block_size_conflict",
+        ),
+        pytest.param(
+            lambda: BlockDense([[EYE3]], row_sizes=[3, 3]),
+            ValueError,
+            "row_sizes",
+            id="block_sizes_length",
+        ),
+        pytest.param(
+            lambda: BlockDense([["trainable"]], row_sizes=[0], col_sizes=[1]),
+            ValueError,
+            "positive",
+            id="block_zero_size",
+        ),
+        pytest.param(
+            lambda: PartialDense(0, []), ValueError, "units=0", id="units_zero"
+        ),
+        pytest.param(
+            lambda: PartialDense(-1, []), ValueError, "units=-1", id="units_neg"
+        ),
+        pytest.param(
+            lambda: PartialDense(2.5, []), TypeError, "units=2.5", id="units_float"
+        ),
+        pytest.param(
+            lambda: PartialDense(2, np.ones((3, 3), bool)),
+            ValueError,
+            "trainable_mask",
+            id="mask_columns",
+        ),
+        pytest.param(
+            lambda: PartialDense(2, [], mode="fast"), ValueError, "mode", id="mode"
+        ),
+    ],
+)
+def test_bad_constructor_argument_raises(make, error, words):
+    with pytest.raises(error) as info:
+        make()
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "make, n, words",
+    [
+        pytest.param(lambda: BandedDense(3, 0), 3, "lower=3", id="band_too_wide"),
+        pytest.param(lambda: BandedDense(0, 4), 3, "upper=4", id="upper_too_wide"),
+        pytest.param(
+            lambda: BandedDense(0, 0, fixed_diagonal=[1.0, 2.0]),
+            3,
+            "fixed_diagonal",
+            id="fixed_length",
+        ),
+        pytest.param(
+            lambda: BlockDense(SEED_BLOCKS), 5, "sum of the block-row", id="block_fit"
+        ),
+        pytest.param(
+            lambda: PartialDense(2, np.ones((4, 2), bool)),
+            3,
+            "trainable_mask",
+            id="mask_rows",
+        ),
+        pytest.param(
+            lambda: PartialDense(2, [[3, 0]]),
+            3,
+            "out of range",
+            id="index_out_of_range",
+        ),
+        pytest.param(lambda: DiagonalDense(), None, "must be known", id="unknown_size"),
+    ],
+)
+def test_bad_input_size_raises_when_built(make, n, words):
+    layer = make()
+    with pytest.raises(ValueError) as info:
+        layer.build((None, n))
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "dense, error",
+    [
+        pytest.param(keras.layers.Dense(2), TypeError, id="unbuilt"),
+        pytest.param(keras.layers.Conv1D(2, 1), TypeError, id="not_dense"),
+    ],
+)
+def test_bad_from_dense_argument_raises(dense, error):
+    with pytest.raises(error, match="dense"):
+        PartialDense.from_dense(dense, [])
+
+
+def test_kernel_of_an_unbuilt_layer_raises():
+    with pytest.raises(AttributeError, match="Build the layer"):
+        PartialDense(2, []).kernel  # noqa: B018
+
+
+def _eager_adamw_steps(layer, x, steps=3):
+    optimizer = keras.optimizers.AdamW(0.1, weight_decay=0.9)
+    if not layer.trainable_variables:  # a fully fixed band: nothing to train
+        return
+    for _ in range(steps):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(layer(x) - 1.0))
+        grads = tape.gradient(loss, layer.trainable_variables)
+        optimizer.apply_gradients(zip(grads, layer.trainable_variables))
+
+
+@settings(max_examples=15)
+@given(
+    mask=hnp.arrays(np.bool_, hnp.array_shapes(min_dims=2, max_dims=2, max_side=5)),
+    mode=st.sampled_from(["delta", "select", "auto"]),
+)
+def test_random_mask_frozen_entries_stay_bit_exact_under_adamw(mask, mode):
+    n, units = mask.shape
+    layer = PartialDense(units, mask, mode=mode, use_bias=False)
+    x = _data(n)
+    layer.build((None, n))
+    start = layer.kernel.numpy()
+    _eager_adamw_steps(layer, x)
+    assert_frozen(start, layer.kernel, mask)
+
+
+@settings(max_examples=15)
+@given(data=st.data())
+def test_random_band_frozen_entries_stay_bit_exact_under_adamw(data):
+    n = data.draw(st.integers(1, 6))
+    lower = data.draw(st.integers(0, n - 1))
+    upper = data.draw(st.integers(0, n - 1))
+    fixed = data.draw(st.sampled_from([None, 0.5]))
+    layer = BandedDense(lower, upper, fixed_diagonal=fixed, kernel_initializer="ones")
+    x = _data(n)
+    layer.build((None, n))
+    start = layer.kernel.numpy()
+    _eager_adamw_steps(layer, x)
+    assert_frozen(start, layer.kernel, layer.trainable_mask)
+    expected = np.tril(np.triu(np.ones((n, n), bool), -lower), upper)
+    if fixed is not None:
+        expected &= ~np.eye(n, dtype=bool)
+    np.testing.assert_array_equal(layer.trainable_mask, expected)
