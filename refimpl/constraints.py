@@ -110,7 +110,7 @@ def _values(values) -> np.ndarray:
             f"`values` must be a number or a rectangular numeric array. "
             f"Received: values={values!r}"
         ) from err
-    if not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
+    if array.dtype.kind in "OSUmM":  # bfloat16 (kind 'V') is numeric
         raise TypeError(
             f"`values` must be a number or a rectangular numeric array. "
             f"Received dtype {array.dtype}: values={values!r}"
