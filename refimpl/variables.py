@@ -201,7 +201,7 @@ class PartialVariable(tf.Module):
         ``PartialVariable.from_dense(w, mask).value()`` equals ``w`` bit for bit.
 
         Args:
-            w: a dense tensor, array or variable.
+            w: a dense tensor, array, ``tf.Variable`` or Keras variable.
             mask: the trainable positions.
             **kwargs: ``mode`` and ``name``, as for the constructor.
 
@@ -210,9 +210,7 @@ class PartialVariable(tf.Module):
         >>> v.free.numpy(), bool(tf.reduce_all(v.value() == w))
         (array([3.], dtype=float32), True)
         """
-        if isinstance(w, tf.Variable) or hasattr(w, "value"):
-            w = tf.convert_to_tensor(w)
-        return cls(w, mask, **kwargs)
+        return cls(tf.convert_to_tensor(w), mask, **kwargs)
 
     @property
     def shape(self) -> tf.TensorShape:

@@ -1,3 +1,4 @@
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -6,6 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from refimpl import (
+    assert_frozen,
     banded,
     banded_matmul,
     block,
@@ -14,6 +16,7 @@ from refimpl import (
     diagonal_matmul,
     scatter_free,
 )
+from refimpl import moved as refimpl_moved
 
 floats = st.floats(-10, 10, width=32)
 
@@ -61,6 +64,25 @@ def test_banded_gradient_reaches_only_the_free_diagonals():
         )
     # d loss / d A = arange(9); the superdiagonal of that is [1, 5].
     np.testing.assert_array_equal(tape.gradient(loss, free), [1.0, 5.0])
+
+
+@given(st.integers(2, 8), st.integers(1, 3), st.integers(0, 3))
+def test_adamw_keeps_fixed_diagonal_and_outside_of_band_bit_exact(n, above, below):
+    above, below = min(above, n - 1), min(below, n - 1)
+    free = [tf.Variable(tf.fill([n - k], 0.5)) for k in range(1, above + 1)]
+    free += [tf.Variable(tf.fill([n - k], -0.5)) for k in range(1, below + 1)]
+    offsets = [0, *range(1, above + 1), *range(-1, -below - 1, -1)]
+    diagonals = [tf.fill([n], 0.1), *free]
+    before = banded(diagonals, offsets).numpy()
+    optimizer = keras.optimizers.AdamW(0.1, weight_decay=0.5)
+    for _ in range(3):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum((banded(diagonals, offsets) - 1.0) ** 2)
+        optimizer.apply_gradients(zip(tape.gradient(loss, free), free, strict=True))
+    i, j = np.indices((n, n))
+    trainable = (j - i <= above) & (i - j <= below) & (i != j)
+    assert_frozen(before, banded(diagonals, offsets), trainable)
+    assert refimpl_moved(before, banded(diagonals, offsets)).any()
 
 
 def test_banded_keeps_a_fixed_diagonal_bit_exact():

@@ -56,6 +56,14 @@ def test_adamw_leaves_frozen_entries_bit_exact(case, mode):
     assert_frozen(w, v.value(), mask)
 
 
+def test_from_dense_accepts_tf_and_keras_variables():
+    w = np.arange(4.0, dtype="float32").reshape(2, 2)
+    for variable in (tf.Variable(w), keras.Variable(w)):
+        v = PartialVariable.from_dense(variable, [[0, 1]], mode="delta")
+        np.testing.assert_array_equal(v.value(), w)
+        np.testing.assert_array_equal(v.free, [1.0])
+
+
 def test_training_moves_the_free_entries():
     mask = np.array([[True, False], [False, True]])
     v = PartialVariable(tf.zeros((2, 2)), mask, mode="delta")
