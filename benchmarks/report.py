@@ -119,6 +119,17 @@ def one(rows, **where) -> dict:
     return found[0]
 
 
+def _plain_log_ticks(axis, ticks=None) -> None:
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator
+
+    if ticks is not None:
+        axis.set_major_locator(FixedLocator(ticks))
+    else:
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+
+
 def _series(rows, variant, jit, density):
     pts = [
         r
@@ -149,6 +160,8 @@ def plot_ratio_vs_n(rows, variants, *, jit=False, density=0.01, ax=None, title=N
     ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="dense step")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    _plain_log_ticks(ax.xaxis, sorted({r["n"] for r in rows}))
+    _plain_log_ticks(ax.yaxis)
     ax.set_xlabel("n (weight is n x n, batch 64)")
     ax.set_ylabel("step time / dense step time")
     ax.set_title(title or ("XLA" if jit else "tf.function"), fontsize=10)
@@ -183,6 +196,8 @@ def plot_ratio_vs_density(rows, variants, *, n, jit=False, crossover=None, ax=No
         ax.axvline(crossover, color="grey", linestyle=":", label="automatic switch")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    _plain_log_ticks(ax.xaxis)
+    _plain_log_ticks(ax.yaxis)
     ax.set_xlabel("density of free entries")
     ax.set_ylabel("step time / dense step time")
     ax.set_title(f"n = {n}, {'XLA' if jit else 'tf.function'}", fontsize=10)

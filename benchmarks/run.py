@@ -39,7 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=pathlib.Path, default=RESULTS, help="output folder")
     p.add_argument("--sizes", type=int, nargs="+", help="values of n")
     p.add_argument(
-        "--jit-sizes", type=int, nargs="+", help="values of n timed under XLA too"
+        "--jit-sizes", type=int, nargs="*", help="values of n timed under XLA too"
     )
     p.add_argument("--densities", type=float, nargs="+", help="mask densities")
     p.add_argument("--repeats", type=int, help="interleaved rounds")
@@ -53,6 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="also time bands of several widths at the largest n",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--verbose", action="store_true", help="time each warm-up")
     args = p.parse_args(argv)
     quick = args.quick
     args.sizes = args.sizes or ([64] if quick else [256, 1024, 4096])
@@ -90,6 +91,7 @@ def measure(case_list, n, jit, args, common, *, bandwidth=variants.BANDWIDTH):
     rows, steps, counts = [], {}, {}
     built = []
     for key, (name, density, bw) in enumerate(case_list):
+        t0 = time.perf_counter()
         row = dict.fromkeys(report.COLUMNS)
         row.update(common, jit=jit, n=n, variant=name, density=density)
         row.update(batch=BATCH, repeats=args.repeats)
@@ -115,6 +117,9 @@ def measure(case_list, n, jit, args, common, *, bandwidth=variants.BANDWIDTH):
         row.update(status="ok", steps=counts[key])
         steps[key] = step
         built.append((variant, optimizer))
+        if args.verbose:
+            took = time.perf_counter() - t0
+            print(f"    {name} {density or ''}: built and warmed up in {took:.1f} s")
     times = timing.interleaved(steps, x, y, counts, repeats=args.repeats, seed=n)
     baseline = times[0]  # dense_adam comes first
     for key, samples in times.items():
