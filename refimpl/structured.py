@@ -277,7 +277,17 @@ def _index_list(indices, shape, name: str) -> np.ndarray:
 
 
 def _vector(value, name: str) -> tf.Tensor:
-    tensor = tf.convert_to_tensor(value)
+    try:
+        tensor = tf.convert_to_tensor(value)
+    except (TypeError, ValueError) as err:
+        raise TypeError(
+            f"`{name}` must be a 1-D numeric tensor. Received: {name}={value!r}"
+        ) from err
+    if not (tensor.dtype.is_floating or tensor.dtype.is_complex):
+        raise TypeError(
+            f"`{name}` must hold floating-point numbers. Received dtype "
+            f"{tensor.dtype.name}: {name}={value!r}"
+        )
     if tensor.shape.rank != 1 or tensor.shape[0] is None:
         raise ValueError(
             f"`{name}` must be a 1-D tensor of known length. "
@@ -330,8 +340,9 @@ def _band(diagonals, offsets):
     lengths = [int(t.shape[0]) for t in tensors]
     if len(sizes) != 1 or min(lengths) < 1:
         raise ValueError(
-            "The diagonal at offset k of an n x n matrix has length n - |k|, "
-            "and every offset must satisfy |k| < n; no single n fits. "
+            "The lengths of `diagonals` fit no single n: the diagonal at offset "
+            "k of an n x n matrix has length n - |k|, and every offset must "
+            "satisfy |k| < n. "
             f"Received: offsets={offsets}, lengths={lengths}"
         )
     dtypes = {t.dtype for t in tensors}
@@ -379,7 +390,8 @@ def _grid(rows):
                 dtype = dtype or b.dtype.name
                 if b.shape.rank != 2 or not b.shape.is_fully_defined():
                     raise ValueError(
-                        f"Every block must be a 2-D tensor of known shape. "
+                        f"Every block of `rows` must be a 2-D tensor of known "
+                        f"shape. "
                         f"Received: rows[{i}][{j}].shape={b.shape}"
                     )
             grid[-1].append(b)
@@ -397,13 +409,13 @@ def _grid(rows):
 def _common(sizes, what, index, kind):
     if not sizes:
         raise ValueError(
-            f"Block {kind} {index} holds only None blocks, so its {what} cannot be "
-            f"inferred. Give at least one block of that {kind} as an explicit "
-            f"tf.zeros(...) of the right shape."
+            f"Block {kind} {index} of `rows` holds only None blocks, so its "
+            f"{what} cannot be inferred. Give at least one block of that {kind} "
+            f"as an explicit tf.zeros(...) of the right shape."
         )
     if len(set(sizes)) != 1:
         raise ValueError(
-            f"The blocks of block {kind} {index} must share one {what}. "
+            f"The blocks of block {kind} {index} of `rows` must share one {what}. "
             f"Received {what}s {sizes}"
         )
     return int(sizes[0])
