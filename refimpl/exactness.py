@@ -69,6 +69,13 @@ def keras_optimizers(*, weight_decay: float = 0.004) -> dict[str, Callable]:
     >>> factories["Adam(weight_decay=0.004)"]().weight_decay
     0.004
     """
+    if isinstance(weight_decay, bool) or not (
+        isinstance(weight_decay, (int, float)) and 0 < weight_decay < float("inf")
+    ):
+        raise ValueError(
+            "`weight_decay` must be a positive, finite number. "
+            f"Received: weight_decay={weight_decay!r}"
+        )
     factories: dict[str, Callable] = {}
     for name in sorted(dir(keras.optimizers)):
         cls = getattr(keras.optimizers, name)
@@ -170,8 +177,13 @@ def frozen_drift(
 
     if mode != "eager":
         step = tf.function(step, jit_compile=mode == "xla", autograph=False)
-    for _ in range(steps):
-        step()
+    logger, level = tf.get_logger(), tf.get_logger().level
+    logger.setLevel("ERROR")  # each call traces a new step: no retracing warning
+    try:
+        for _ in range(steps):
+            step()
+    finally:
+        logger.setLevel(level)
     after = _numpy(weight())
     return Drift(
         moved=int((moved(before, after) & ~mask).sum()),
