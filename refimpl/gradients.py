@@ -16,7 +16,6 @@ a mask means "every entry trainable".
 
 from __future__ import annotations
 
-
 import keras
 import numpy as np
 import tensorflow as tf
@@ -130,8 +129,8 @@ def _check_pairs(grads_and_vars, masks) -> tuple[list, list, list]:
             raise TypeError(
                 f"`grads_and_vars[{i}]` must hold a tf.Variable or a "
                 f"keras.Variable; an optimizer can only update variables (a "
-                f"slice such as X[0] is a new tensor, not a view). Received a "
-                f"{type(var).__name__}: {var!r}"
+                f"slice such as X[0] is a new tensor, not a view). Received an "
+                f"object of type {type(var).__name__}: {var!r}"
             )
         name = _var_name(var)
         if grad is None:

@@ -170,11 +170,14 @@ class MultiOptimizer(keras.optimizers.Optimizer):
         """
         owners = [i for i, g in enumerate(self._groups) if g.claims(variable)]
         if len(owners) != 1:
-            groups = "; ".join(f"{i}: {self._groups[i].describe()}" for i in owners)
+            shown = owners or range(len(self._groups))
+            groups = "; ".join(f"{i}: {self._groups[i].describe()}" for i in shown)
             raise ValueError(
                 f"Every variable must belong to exactly one group. The variable "
                 f"'{_path(variable)}' of shape {tuple(variable.shape)} is claimed "
-                f"by {len(owners)} groups" + (f" ({groups})" if owners else "")
+                f"by {len(owners)} groups ("
+                + ("" if owners else "the groups are ")
+                + f"{groups})"
             )
         return owners[0]
 
