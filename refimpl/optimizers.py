@@ -102,8 +102,16 @@ class MultiOptimizer(keras.optimizers.Optimizer):
     ``model.compile(optimizer=MultiOptimizer(...))``. Each inner optimizer
     keeps its own learning rate (a float or a schedule), its own state and
     its own ``iterations``; ``.optimizers`` lists them. The wrapper has no
-    learning rate of its own. It is serializable (``get_config`` /
-    ``from_config``) and is restored with its state by ``.keras`` files.
+    learning rate of its own, so callbacks that set
+    ``model.optimizer.learning_rate`` (``ReduceLROnPlateau``) do not apply;
+    use schedules, or set ``optimizer.optimizers[i].learning_rate``. It is
+    serializable (``get_config`` / ``from_config``) and is restored with its
+    state by ``.keras`` files.
+
+    Keras 3.15 has a ``keras.optimizers.MultiOptimizer`` of its own; this one
+    differs in refusing unclaimed variables instead of sending them to a
+    default optimizer, and in matching paths so that a reloaded model (whose
+    variable paths lose their model prefix) keeps its groups and state.
 
     Args:
         groups: a list of ``(optimizer, selector)`` pairs. ``optimizer`` is a
