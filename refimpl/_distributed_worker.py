@@ -1,0 +1,285 @@
+"""Train the exact techniques under a ``tf.distribute`` strategy, on many processes.
+
+The book's distributed chapter and ``tests/test_distributed.py`` use this
+module twice:
+
+* in-process, :func:`train` runs one technique under any strategy (the default
+  one-device strategy, or a ``MirroredStrategy`` over logical devices), so the
+  multi-device result can be compared with single-device training;
+* as a script, ``python -m refimpl._distributed_worker OUT_DIR`` is one worker
+  of a ``MultiWorkerMirroredStrategy``: it reads its place in the cluster from
+  ``TF_CONFIG``, trains every technique and writes ``worker<i>.npz`` into
+  ``OUT_DIR``. :func:`launch` starts such a cluster on the loopback address,
+  waits for it with a hard timeout and always stops it.
+
+Every technique trains the same ``[4, 4]`` kernel on the same full batch.
+Replica ``r`` of ``n`` takes the rows ``r, r + n, ...`` of the batch and
+divides its loss by the *global* batch size, so the gradients that the
+optimizer sums over the replicas are those of one device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from refimpl.constraints import FreezeEntries
+from refimpl.gradients import MaskedGradientModel, apply_masked_gradients
+from refimpl.layers import PartialDense
+from refimpl.variables import PartialVariable
+
+#: The techniques :func:`train` knows. Each trains with a custom loop around
+#: ``strategy.run``; all but ``partial_variable`` also with ``model.fit``.
+TECHNIQUES = ("partial_variable", "restore_frozen", "partial_dense", "freeze_entries")
+STEPS = 20
+_ROWS = 32
+
+
+def problem() -> dict[str, np.ndarray]:
+    """Return the data, the starting kernel and the mask every technique uses.
+
+    >>> sorted(problem())
+    ['initial', 'mask', 'x', 'y']
+    """
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(_ROWS, 4)).astype("float32")
+    initial = rng.normal(size=(4, 4)).astype("float32")
+    y = x @ rng.normal(size=(4, 4)).astype("float32")
+    mask = np.eye(4, dtype=bool) | np.eye(4, k=1, dtype=bool)
+    return {"x": x, "y": y, "initial": initial, "mask": mask}
+
+
+def _optimizer():
+    # AdamW: its weight decay moves every entry it sees, so only an exact
+    # technique keeps the frozen entries.
+    return keras.optimizers.AdamW(learning_rate=0.05, weight_decay=0.1)
+
+
+def _model(technique, data):
+    """A one-layer Keras model; the layer's ``kernel`` is the dense kernel."""
+    init = keras.initializers.Constant(data["initial"])
+    if technique == "partial_dense":
+        layer = PartialDense(4, data["mask"], use_bias=False, kernel_initializer=init)
+    else:
+        constraint = None
+        if technique == "freeze_entries":
+            constraint = FreezeEntries(data["mask"], data["initial"])
+        layer = keras.layers.Dense(
+            4, use_bias=False, kernel_initializer=init, kernel_constraint=constraint
+        )
+    return keras.Sequential([keras.Input((4,)), layer]), layer
+
+
+def _replica_batch(x, y):
+    """This replica's rows of the global batch: r, r + n, r + 2n, ..."""
+    context = tf.distribute.get_replica_context()
+    step = context.num_replicas_in_sync
+    rows = tf.range(context.replica_id_in_sync_group, _ROWS, step)
+    return tf.gather(x, rows), tf.gather(y, rows)
+
+
+def _custom_loop(technique, strategy, data, steps):
+    with strategy.scope():
+        if technique == "partial_variable":
+            weight = PartialVariable(data["initial"], data["mask"], mode="delta")
+            variables, kernel = [weight.free], weight.value
+        elif technique == "restore_frozen":
+            weight = tf.Variable(data["initial"])
+            variables, kernel = [weight], weight.read_value
+        else:
+            model, layer = _model(technique, data)
+            variables = model.trainable_variables
+            kernel = lambda: layer.kernel  # noqa: E731
+        optimizer = _optimizer()
+        optimizer.build(variables)  # slots are variables: create them in scope
+
+    def replica_step():
+        x, y = _replica_batch(data["x"], data["y"])
+        with tf.GradientTape() as tape:
+            # Divide by the global batch size: the optimizer sums replicas.
+            loss = tf.reduce_sum((x @ kernel() - y) ** 2) / _ROWS
+        grads = tape.gradient(loss, variables)
+        if technique == "restore_frozen":
+            pairs = list(zip(grads, variables))
+            apply_masked_gradients(
+                optimizer, pairs, [data["mask"]], restore_frozen=True
+            )
+        else:  # Keras applies FreezeEntries after the update
+            optimizer.apply_gradients(zip(grads, variables))
+
+    @tf.function
+    def step():
+        strategy.run(replica_step)
+
+    for _ in range(steps):
+        step()
+    return kernel
+
+
+def _fit(technique, strategy, data, steps):
+    with strategy.scope():
+        model, layer = _model(technique, data)
+        if technique == "restore_frozen":
+            masks = [(layer.kernel, data["mask"])]
+            model = MaskedGradientModel(model, masks, restore_frozen=True)
+        model.compile(optimizer=_optimizer(), loss="mse")
+    dataset = tf.data.Dataset.from_tensor_slices((data["x"], data["y"]))
+    model.fit(
+        dataset.batch(_ROWS).repeat(), steps_per_epoch=steps, shuffle=False, verbose=0
+    )
+    return lambda: layer.kernel
+
+
+def train(technique: str, strategy, *, fit: bool = False, steps: int = STEPS):
+    """Train ``technique`` under ``strategy``; return the final dense kernel.
+
+    Args:
+        technique: one of :data:`TECHNIQUES`.
+        strategy: a ``tf.distribute.Strategy``; ``tf.distribute.get_strategy()``
+            for one device.
+        fit: train with ``model.fit`` instead of a custom loop (not for
+            ``partial_variable``, which is not a Keras layer).
+        steps: full-batch AdamW steps.
+
+    Returns:
+        The kernel after training as every local replica sees it, read from
+        its own copies of the variables: a NumPy array ``[replicas, 4, 4]``.
+    """
+    if technique not in TECHNIQUES or (fit and technique == "partial_variable"):
+        raise ValueError(
+            f"`technique` must be one of {TECHNIQUES} (not partial_variable with "
+            f"fit=True). Received: technique={technique!r}, fit={fit}"
+        )
+    run = _fit if fit else _custom_loop
+    kernel = run(technique, strategy, problem(), steps)
+    per_replica = strategy.run(tf.function(lambda: tf.identity(kernel())))
+    local = strategy.experimental_local_results(per_replica)
+    return np.stack([keras.ops.convert_to_numpy(k) for k in local])
+
+
+def free_ports(count: int) -> list[int]:
+    """Ask the OS for ``count`` free TCP ports on the loopback address.
+
+    >>> len(free_ports(2))
+    2
+    """
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def tf_config(ports: list[int], index: int) -> str:
+    """The ``TF_CONFIG`` of worker ``index`` in a cluster on 127.0.0.1.
+
+    >>> json.loads(tf_config([5000, 5001], 1))["task"]
+    {'type': 'worker', 'index': 1}
+    """
+    workers = [f"127.0.0.1:{port}" for port in ports]
+    task = {"type": "worker", "index": index}
+    return json.dumps({"cluster": {"worker": workers}, "task": task})
+
+
+def launch(out_dir: str, *, workers: int = 2, timeout: float = 120) -> list[dict]:
+    """Run a ``MultiWorkerMirroredStrategy`` cluster of local processes.
+
+    Starts ``workers`` processes of this module on 127.0.0.1, waits at most
+    ``timeout`` seconds for all of them, and kills any that are left (also
+    when waiting fails). Raises ``RuntimeError`` with a worker's log if one
+    fails or times out.
+
+    Returns:
+        One dict per worker: technique name -> final kernel.
+    """
+    ports = free_ports(workers)
+    procs = []
+    try:
+        for index in range(workers):
+            env = {**os.environ, "TF_CONFIG": tf_config(ports, index)}
+            env["CUDA_VISIBLE_DEVICES"] = "-1"  # one CPU replica per worker
+            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+            log = tempfile.TemporaryFile()
+            cmd = [sys.executable, "-m", "refimpl._distributed_worker", out_dir]
+            procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=log), log))
+        for index, (proc, log) in enumerate(procs):
+            try:
+                code = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                code = None
+            if code != 0:
+                log.seek(0)
+                tail = log.read().decode(errors="replace")[-3000:]
+                status = "timed out" if code is None else f"exit status {code}"
+                raise RuntimeError(f"worker {index} failed ({status}):\n{tail}")
+    finally:
+        for proc, log in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.close()
+    results = []
+    for index in range(workers):
+        with np.load(os.path.join(out_dir, f"worker{index}.npz")) as saved:
+            results.append({name: saved[name] for name in saved.files})
+    return results
+
+
+def _train_all(strategy) -> dict:
+    """Every technique with a custom loop, and with ``model.fit`` where it runs.
+
+    Where ``model.fit`` fails, the error's type and first line are kept under
+    ``"<technique>_fit_error"`` instead of the kernels.
+    """
+    results = {name: train(name, strategy) for name in TECHNIQUES}
+    for name in TECHNIQUES[1:]:
+        try:
+            results[f"{name}_fit"] = train(name, strategy, fit=True)
+        except Exception as err:  # noqa: BLE001 - reported, not hidden
+            first_line = (str(err).splitlines() or [""])[0]
+            results[f"{name}_fit_error"] = f"{type(err).__name__}: {first_line}"
+    return results
+
+
+def main(argv: list[str]) -> int:
+    """Train every technique under a strategy and save the kernels.
+
+    ``OUT_DIR`` alone: one worker of the ``TF_CONFIG`` cluster, which writes
+    ``worker<index>.npz``. ``--mirrored OUT_DIR``: a ``MirroredStrategy`` over
+    two logical CPUs of this process, plus the one-device reference (keys
+    prefixed ``single_``), written to ``mirrored.npz``.
+    """
+    if argv[0] == "--mirrored":
+        out_dir = argv[1]
+        tf.config.set_visible_devices([], "GPU")
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        halves = [tf.config.LogicalDeviceConfiguration()] * 2
+        tf.config.set_logical_device_configuration(cpu, halves)
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        results = _train_all(strategy)
+        single = _train_all(tf.distribute.get_strategy())
+        results.update({f"single_{name}": value for name, value in single.items()})
+        file_name = "mirrored.npz"
+    else:
+        out_dir = argv[0]
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        results = _train_all(strategy)
+        index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+        file_name = f"worker{index}.npz"
+    np.savez(os.path.join(out_dir, file_name), **results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
