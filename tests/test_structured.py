@@ -21,6 +21,15 @@ from refimpl import moved as refimpl_moved
 floats = st.floats(-10, 10, width=32)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def full_float32_matmul():
+    """GPUs multiply float32 in TF32 by default; compare at float32 precision."""
+    enabled = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    yield
+    tf.config.experimental.enable_tensor_float_32_execution(enabled)
+
+
 @st.composite
 def band_case(draw):
     """An n, a set of distinct offsets, their diagonals and a batch x."""
