@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -411,7 +411,6 @@ def _eager_adamw_steps(layer, x, steps=3):
         optimizer.apply_gradients(zip(grads, layer.trainable_variables))
 
 
-@settings(max_examples=15)
 @given(
     mask=hnp.arrays(np.bool_, hnp.array_shapes(min_dims=2, max_dims=2, max_side=5)),
     mode=st.sampled_from(["delta", "select", "auto"]),
@@ -426,7 +425,6 @@ def test_random_mask_frozen_entries_stay_bit_exact_under_adamw(mask, mode):
     assert_frozen(start, layer.kernel, mask)
 
 
-@settings(max_examples=15)
 @given(data=st.data())
 def test_random_band_frozen_entries_stay_bit_exact_under_adamw(data):
     n = data.draw(st.integers(1, 6))
@@ -443,3 +441,12 @@ def test_random_band_frozen_entries_stay_bit_exact_under_adamw(data):
     if fixed is not None:
         expected &= ~np.eye(n, dtype=bool)
     np.testing.assert_array_equal(layer.trainable_mask, expected)
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layer_acts_on_the_last_axis_of_a_rank_3_input(name):
+    factory, n, _ = LAYERS[name]
+    layer = factory()
+    x = _data(n).reshape(2, 8, n)
+    y = layer(x).numpy()
+    np.testing.assert_allclose(y.reshape(16, -1), layer(x.reshape(16, n)), rtol=1e-6)
