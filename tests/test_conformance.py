@@ -170,3 +170,10 @@ def test_exact_techniques_stay_exact_for_any_shape_mask_and_density(case):
     )
     assert drift.moved == 0
     refimpl.assert_frozen(drift.before, drift.after, mask)
+
+
+def test_every_technique_has_a_setup_and_a_family():
+    from refimpl._exactness_cases import CASES
+
+    assert set(CASES) == set(refimpl.TECHNIQUES)
+    assert set(refimpl.TECHNIQUES.values()) == {"reparametrize", "restrict the update"}
