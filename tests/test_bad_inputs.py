@@ -54,6 +54,20 @@ AMBIGUOUS_INT_MASK = (
     "masks.to_mask reads an integer 0/1 mask of a (k, 2) tensor as an index list: "
     "to_mask(np.eye(2, dtype=int), (2, 2)) silently marks the OFF-diagonal"
 )
+MINIMIZE_NAN = (
+    "scipy_optimize.minimize does not check the starting loss: with a NaN in a "
+    "variable it returns success=False ('ABNORMAL') instead of raising"
+)
+COUNT_NON_VARIABLES = (
+    "testing.count_free_parameters(['a']) raises AttributeError "
+    "(\"'str' object has no attribute 'shape'\") instead of a TypeError"
+)
+
+
+def _nan_minimize():
+    v = tf.Variable([np.nan, 1.0])
+    return refimpl.minimize(lambda: tf.reduce_sum((v - 2.0) ** 2), v)
+
 
 # (id, function name in refimpl.__all__, call, argument name, value shown[, xfail])
 CASES = [
@@ -84,6 +98,7 @@ CASES = [
     ("minimize_int_variable", "minimize", lambda: refimpl.minimize(lambda: 0.0, tf.Variable([1, 2])), "variables", "int32"),
     ("minimize_mask_shape", "minimize", lambda: refimpl.minimize(lambda: 0.0, _var(), [True]), "mask", "(1,)"),
     ("minimize_method", "minimize", lambda: refimpl.minimize(lambda: 0.0, _var(), method="sgd"), "method", "'sgd'"),
+    ("minimize_nan_start", "minimize", _nan_minimize, "loss_fn", "nan", MINIMIZE_NAN),
     ("minimize_empty_mask", "minimize", lambda: refimpl.minimize(lambda: 0.0, _var(), ~EYE & EYE), "mask", "[0]"),
     # gradients
     ("mask_gradients_not_list", "mask_gradients", lambda: refimpl.mask_gradients(W3, [EYE]), "grads", "array"),
@@ -107,9 +122,11 @@ CASES = [
     ("banded_wrong_length", "banded", lambda: refimpl.banded([np.ones(3), np.ones(3)], [0, 1]), "offsets", "lengths=[3, 3]"),
     ("banded_float_offset", "banded", lambda: refimpl.banded([np.ones(3)], [0.5]), "offsets", "0.5"),
     ("banded_counts_differ", "banded", lambda: refimpl.banded([np.ones(3)], [0, 1]), "offsets", "[0, 1]"),
+    ("banded_mixed_dtypes", "banded", lambda: refimpl.banded([np.ones(3, "float32"), np.ones(2)], [0, 1]), "diagonals", "float64"),
     ("banded_matmul_size", "banded_matmul", lambda: refimpl.banded_matmul(np.ones((2, 4), "float32"), [np.ones(3, "float32")], [0]), "x", "(2, 4)"),
     ("block_ragged", "block", lambda: refimpl.block([[W3, None], [W3]]), "rows", "1"),
     ("block_heights_differ", "block", lambda: refimpl.block([[W3, np.ones((2, 2), "float32")]]), "rows", "[3, 2]"),
+    ("block_dtype_mismatch", "block", lambda: refimpl.block([[tf.constant(W3), tf.constant(W3, tf.float64)]]), "rows", "float64"),
     ("block_matmul_size", "block_matmul", lambda: refimpl.block_matmul(np.ones((2, 4), "float32"), [[W3]]), "x", "(2, 4)"),
     ("scatter_free_out_of_range", "scatter_free", lambda: refimpl.scatter_free(W3, [[3, 0]], [1.0]), "indices", "[3, 0]"),
     ("scatter_free_duplicated", "scatter_free", lambda: refimpl.scatter_free(W3, [[0, 0], [0, 0]], [1.0, 2.0]), "indices", "[0, 0]"),
@@ -119,10 +136,12 @@ CASES = [
     ("compose_mode", "compose", lambda: refimpl.compose(W3, [[0, 0]], [1.0], mode="sparse"), "mode", "'sparse'"),
     ("compose_free_shape", "compose", lambda: refimpl.compose(W3, [[0, 0]], tf.constant([1.0, 2.0])), "free", "(2,)"),
     ("compose_dtype", "compose", lambda: refimpl.compose(W3, [[0, 0]], tf.constant([1.0], tf.float64)), "free", "float64"),
+    ("compose_duplicated", "compose", lambda: refimpl.compose(W3, [[0, 0], [0, 0]], tf.constant([1.0, 2.0])), "indices", "[0, 0]"),
     ("compose_mask_disagrees", "compose", lambda: refimpl.compose(W3, [[0, 0]], [1.0], mask=EYE), "mask", "3"),
     ("choose_mode_int", "choose_mode", lambda: refimpl.choose_mode(np.eye(3, dtype=int)), "mask", "int"),
     ("partial_variable_int", "PartialVariable", lambda: refimpl.PartialVariable(np.eye(3, dtype=int), EYE), "initial_value", "int"),
     ("partial_variable_mask_shape", "PartialVariable", lambda: refimpl.PartialVariable(W3, [True]), "mask", "(1,)"),
+    ("partial_variable_duplicated", "PartialVariable", lambda: refimpl.PartialVariable(W3, [[0, 0], [0, 0]]), "mask", "[0, 0]"),
     ("partial_variable_mode", "PartialVariable", lambda: refimpl.PartialVariable(W3, EYE, mode="sparse"), "mode", "'sparse'"),
     ("partial_variable_from_dense_shape", "PartialVariable", lambda: refimpl.PartialVariable.from_dense(W3, EYE[:2]), "mask", "(2, 3)"),
     # layers and constraints
@@ -144,6 +163,7 @@ CASES = [
     ("moved_shapes", "moved", lambda: refimpl.moved([1.0], [1.0, 2.0]), "after", "(2,)"),
     ("moved_dtypes", "moved", lambda: refimpl.moved(np.ones(2, "float32"), np.ones(2)), "after", "float64"),
     ("assert_frozen_mask_shape", "assert_frozen", lambda: refimpl.assert_frozen(W3, W3, [True]), "mask", "(1,)"),
+    ("count_free_parameters_strings", "count_free_parameters", lambda: refimpl.count_free_parameters(["a"]), "model_or_variables", "'a'", COUNT_NON_VARIABLES),
     ("count_free_parameters_int", "count_free_parameters", lambda: refimpl.count_free_parameters(3), "model_or_variables", "3"),
     ("plot_mask_rank", "plot_mask", lambda: refimpl.plot_mask(np.ones((2, 2, 2), bool)), "mask", "(2, 2, 2)"),
     # exactness
@@ -243,3 +263,13 @@ def test_apply_masked_gradients_casts_a_float64_gradient_as_keras_does():
     refimpl.apply_masked_gradients(sgd(), [(W3.astype("float64"), a)], [EYE])
     refimpl.apply_masked_gradients(sgd(), [(W3, b)], [EYE])
     np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_nan_and_inf_frozen_values_are_kept_bit_exact():
+    # NaN and inf are valid frozen values: they must come back with their bits.
+    base = W3.copy()
+    base[0, 1], base[1, 0], base[2, 0] = np.nan, np.inf, -0.0
+    v = refimpl.PartialVariable(base, EYE, mode="delta")
+    refimpl.assert_frozen(base, v.value(), EYE)
+    frozen = refimpl.FreezeEntries(EYE, base)(tf.zeros((3, 3)))
+    refimpl.assert_frozen(base, frozen, EYE)
