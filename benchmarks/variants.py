@@ -65,19 +65,10 @@ class Variant:
 
 
 def _lib(name: str):
-    """``refimpl.<name>``, also from a submodule not yet re-exported."""
-    if hasattr(refimpl, name):
-        return getattr(refimpl, name)
-    import importlib
-
-    for module in ("stop_gradient", "gradients", "structured", "variables"):
-        try:
-            mod = importlib.import_module(f"refimpl.{module}")
-        except ImportError:
-            continue
-        if hasattr(mod, name):
-            return getattr(mod, name)
-    raise Unavailable(f"refimpl.{name} is not available")
+    """``refimpl.<name>``: the benchmark measures the library, never a copy."""
+    if not hasattr(refimpl, name):
+        raise Unavailable(f"refimpl.{name} is not available")
+    return getattr(refimpl, name)
 
 
 def random_mask(n: int, density: float, rng: np.random.Generator) -> np.ndarray:
