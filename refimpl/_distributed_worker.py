@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 import keras
 import numpy as np
@@ -196,26 +197,29 @@ def launch(out_dir: str, *, workers: int = 2, timeout: float = 120) -> list[dict
     """Run a ``MultiWorkerMirroredStrategy`` cluster of local processes.
 
     Starts ``workers`` processes of this module on 127.0.0.1, waits at most
-    ``timeout`` seconds for all of them, and kills any that are left (also
-    when waiting fails). Raises ``RuntimeError`` with a worker's log if one
-    fails or times out.
+    ``timeout`` seconds in all, and kills any that are left (also when
+    waiting fails). Raises ``RuntimeError`` with a worker's log if one fails
+    or times out.
 
     Returns:
-        One dict per worker: technique name -> final kernel.
+        One dict per worker: technique name -> per-replica kernels (or the
+        ``model.fit`` error, see :func:`main`).
     """
     ports = free_ports(workers)
+    deadline = time.monotonic() + timeout
     procs = []
     try:
         for index in range(workers):
             env = {**os.environ, "TF_CONFIG": tf_config(ports, index)}
             env["CUDA_VISIBLE_DEVICES"] = "-1"  # one CPU replica per worker
+            env["no_proxy"] = env["no_grpc_proxy"] = "127.0.0.1"  # never a proxy
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
             log = tempfile.TemporaryFile()
             cmd = [sys.executable, "-m", "refimpl._distributed_worker", out_dir]
             procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=log), log))
         for index, (proc, log) in enumerate(procs):
             try:
-                code = proc.wait(timeout=timeout)
+                code = proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
             except subprocess.TimeoutExpired:
                 code = None
             if code != 0:

@@ -15,6 +15,7 @@ the kernels the processes wrote.
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -215,9 +216,22 @@ def test_multi_worker_fit_error_is_the_keras_batch_reduction(workers):
             assert error.startswith(expected)
 
 
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for cmdline in pathlib.Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text in cmdline.read_bytes().decode(errors="replace"):
+                found.append(cmdline.parent.name)
+        except OSError:  # the process ended while we looked
+            continue
+    return found
+
+
 def test_launch_kills_workers_that_time_out(tmp_path):
     with pytest.raises(RuntimeError, match="worker 0 failed \\(timed out\\)"):
         worker.launch(str(tmp_path), workers=2, timeout=0.5)
+    if pathlib.Path("/proc/self/cmdline").exists():
+        assert _processes_mentioning(str(tmp_path)) == []
 
 
 def test_free_ports_are_distinct_loopback_ports():
