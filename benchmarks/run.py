@@ -131,6 +131,7 @@ def measure(case_list, n, jit, args, common, *, bandwidth=variants.BANDWIDTH):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    tf.get_logger().setLevel("ERROR")  # one tf.function per variant is intended
     device, machine = report.machine_description()
     common = {"device": device, "tf_version": tf.__version__, "machine": machine}
     suffix = "-quick" if args.quick else ""
