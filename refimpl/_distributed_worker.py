@@ -98,7 +98,10 @@ def _custom_loop(technique, strategy, data, steps):
         else:
             model, layer = _model(technique, data)
             variables = model.trainable_variables
-            kernel = lambda: layer.kernel  # noqa: E731
+
+            def kernel():
+                return layer.kernel
+
         optimizer = _optimizer()
         optimizer.build(variables)  # slots are variables: create them in scope
 
