@@ -196,7 +196,8 @@ def plot_ratio_vs_density(rows, variants, *, n, jit=False, crossover=None, ax=No
         ax.axvline(crossover, color="grey", linestyle=":", label="automatic switch")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    _plain_log_ticks(ax.xaxis)
+    densities = {r["density"] for r in select(rows, jit=jit, n=n)}
+    _plain_log_ticks(ax.xaxis, sorted(densities - {None}))
     _plain_log_ticks(ax.yaxis)
     ax.set_xlabel("density of free entries")
     ax.set_ylabel("step time / dense step time")
@@ -216,7 +217,7 @@ def plot_optimizer_state(rows, *, n, density=0.01, ax=None):
     ]
     picked = [r for r in picked if r["optimizer_state_values"] is not None]
     if ax is None:
-        _, ax = plt.subplots(figsize=(6, 0.3 * len(picked) + 1))
+        _, ax = plt.subplots(figsize=(7.5, 0.3 * len(picked) + 1))
     names = [r["variant"] for r in picked]
     y = range(len(picked))
     ax.barh(y, [r["optimizer_state_values"] for r in picked], label="Adam state")
@@ -233,7 +234,7 @@ def plot_optimizer_state(rows, *, n, density=0.01, ax=None):
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel(f"values stored by Adam (n = {n}, density {density:g})")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return ax
 
 
