@@ -4,6 +4,26 @@ The CSV has one row per (``jit``, ``n``, ``variant``, ``density``). Its first
 columns are the agreed schema that the book reads; later columns only add
 detail (why a variant did not run, the mode a partial variable chose, ...).
 Matplotlib is imported only by the plotting functions.
+
+Columns:
+
+* ``device`` (``cpu`` or ``gpu``), ``tf_version``, ``jit`` (``True`` with
+  ``jit_compile=True``), ``n`` (the weight is n x n), ``variant``;
+* ``density``: the fraction of free entries of the mask, blank for the dense
+  step and the structured forms;
+* ``free_params``: the values that can change the output (k for a mask, n for
+  a diagonal, ...), whatever the variable's size;
+* ``optimizer_state_values``: the size of Adam's variables, its scalar
+  iteration counter and learning rate left out (2 per trained value);
+* ``median_ms``, ``q25_ms``, ``q75_ms``: one step's time over the rounds;
+* ``ratio_to_dense``, ``ratio_q25``, ``ratio_q75``: the per-round ratio to the
+  dense step of the same ``n`` and ``jit``, its median and quartiles;
+* ``repeats``: the number of rounds;
+* ``status``: ``ok``, or why there is no timing (``unavailable: ...``,
+  ``xla_unsupported: <op>``, or the error's last line);
+* ``mode``: the form a ``PartialVariable`` used (``delta`` or ``select``);
+* ``bandwidth``: the number of diagonals of a band; ``steps``: steps per
+  timing sample; ``batch``: the batch size; ``machine``: CPU or GPU model.
 """
 
 from __future__ import annotations
