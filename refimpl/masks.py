@@ -9,8 +9,10 @@ accepts the same two spellings and sends them through :func:`to_mask`:
 * an **index list** of shape ``[k, rank]``, integers, one row per trainable
   position, as taken by ``tf.scatter_nd`` and ``tf.gather_nd``.
 
-Integer arrays are always read as index lists, never as 0/1 masks: an integer
-array of the tensor's own shape would otherwise be ambiguous.
+Integer arrays are read as index lists, never as 0/1 masks. An integer array of
+the tensor's own shape whose values are all 0 or 1 is ambiguous (for a tensor of
+shape ``(k, rank)`` it could be either) and raises a ``TypeError``: pass a boolean
+mask, or :func:`indices_to_mask` to mean indices.
 
 Masks are static: they fix the *structure* of a model, so they are plain NumPy
 values, known when the graph is traced.
@@ -194,14 +196,19 @@ def to_mask(mask, shape, *, name: str = "mask") -> np.ndarray:
         _check_shape(array, shape, name)
         return array.copy()
     if np.issubdtype(array.dtype, np.integer) or array.size == 0:
-        if array.shape == shape and not (
-            array.ndim == 2 and array.shape[1] == len(shape)
-        ):
+        # An integer array of the tensor's own shape is either a 0/1 mask or,
+        # for a tensor of shape (k, rank), an index list. Read it as indices
+        # only when it cannot be a 0/1 mask; otherwise ask which is meant.
+        could_be_indices = array.ndim == 2 and array.shape[1] == len(shape)
+        could_be_01_mask = array.shape == shape and np.isin(array, (0, 1)).all()
+        if array.shape == shape and (could_be_01_mask or not could_be_indices):
             raise TypeError(
                 f"`{name}` is an integer array of the tensor's own shape "
                 f"{shape}. Integer arrays are read as index lists of shape "
-                f"[k, {len(shape)}]; pass a boolean mask instead (for example "
-                f"`{name}.astype(bool)`). Received: {name}={_short(array)}"
+                f"[k, {len(shape)}], so this one is ambiguous; pass a boolean "
+                f"mask (for example `{name}.astype(bool)`), or call "
+                f"`refimpl.indices_to_mask` for indices. "
+                f"Received: {name}={_short(array)}"
             )
         return indices_to_mask(array, shape, name=name)
     if np.issubdtype(array.dtype, np.floating):

@@ -22,7 +22,23 @@ def test_to_mask_accepts_bool_float_and_index_forms_alike(case):
     np.testing.assert_array_equal(to_mask(mask, shape), mask)
     np.testing.assert_array_equal(to_mask(mask.astype("float32"), shape), mask)
     np.testing.assert_array_equal(to_mask(tf.constant(mask), shape), mask)
-    np.testing.assert_array_equal(to_mask(mask_to_indices(mask), shape), mask)
+    indices = mask_to_indices(mask)
+    ambiguous = indices.shape == shape and np.isin(indices, (0, 1)).all()
+    if ambiguous:
+        with pytest.raises(TypeError, match="ambiguous"):
+            to_mask(indices, shape)
+    else:
+        np.testing.assert_array_equal(to_mask(indices, shape), mask)
+
+
+def test_integer_array_of_the_tensor_shape_is_read_as_indices_only_if_unambiguous():
+    # Two positions in a 3x2 tensor: values beyond 1 make it an index list.
+    np.testing.assert_array_equal(
+        to_mask([[2, 0], [0, 1]], (3, 2)),
+        [[False, True], [False, False], [True, False]],
+    )
+    with pytest.raises(TypeError, match="ambiguous"):
+        to_mask(np.eye(2, dtype=int), (2, 2))
 
 
 def test_to_mask_returns_a_copy():
