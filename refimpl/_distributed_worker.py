@@ -34,27 +34,42 @@ import tensorflow as tf
 
 from refimpl.constraints import FreezeEntries
 from refimpl.gradients import MaskedGradientModel, apply_masked_gradients
-from refimpl.layers import PartialDense
+from refimpl.layers import DiagonalDense, PartialDense
 from refimpl.variables import PartialVariable
 
 #: The techniques :func:`train` knows. Each trains with a custom loop around
 #: ``strategy.run``; all but ``partial_variable`` also with ``model.fit``.
-TECHNIQUES = ("partial_variable", "restore_frozen", "partial_dense", "freeze_entries")
+TECHNIQUES = (
+    "partial_variable",
+    "restore_frozen",
+    "partial_dense",
+    "diagonal_dense",
+    "freeze_entries",
+)
 STEPS = 20
 _ROWS = 32
 
 
-def problem() -> dict[str, np.ndarray]:
-    """Return the data, the starting kernel and the mask every technique uses.
+def problem(technique: str = "partial_variable") -> dict[str, np.ndarray]:
+    """Return the data, the starting kernel and the mask of ``technique``.
+
+    Every technique trains the same data. ``diagonal_dense`` starts from the
+    diagonal of the common kernel and frees the diagonal only (its other
+    entries are zeros); the others free the diagonal and the one above it.
 
     >>> sorted(problem())
     ['initial', 'mask', 'x', 'y']
+    >>> int(problem("diagonal_dense")["mask"].sum())
+    4
     """
     rng = np.random.default_rng(0)
     x = rng.normal(size=(_ROWS, 4)).astype("float32")
     initial = rng.normal(size=(4, 4)).astype("float32")
     y = x @ rng.normal(size=(4, 4)).astype("float32")
     mask = np.eye(4, dtype=bool) | np.eye(4, k=1, dtype=bool)
+    if technique == "diagonal_dense":
+        mask = np.eye(4, dtype=bool)
+        initial = np.where(mask, initial, np.float32(0.0))
     return {"x": x, "y": y, "initial": initial, "mask": mask}
 
 
@@ -69,6 +84,9 @@ def _model(technique, data):
     init = keras.initializers.Constant(data["initial"])
     if technique == "partial_dense":
         layer = PartialDense(4, data["mask"], use_bias=False, kernel_initializer=init)
+    elif technique == "diagonal_dense":
+        diagonal = keras.initializers.Constant(np.diag(data["initial"]))
+        layer = DiagonalDense(kernel_initializer=diagonal)
     else:
         constraint = None
         if technique == "freeze_entries":
@@ -163,7 +181,7 @@ def train(technique: str, strategy, *, fit: bool = False, steps: int = STEPS):
             f"fit=True). Received: technique={technique!r}, fit={fit}"
         )
     run = _fit if fit else _custom_loop
-    kernel = run(technique, strategy, problem(), steps)
+    kernel = run(technique, strategy, problem(technique), steps)
     per_replica = strategy.run(tf.function(lambda: tf.identity(kernel())))
     local = strategy.experimental_local_results(per_replica)
     return np.stack([keras.ops.convert_to_numpy(k) for k in local])
