@@ -30,7 +30,10 @@ from benchmarks import report, timing, variants  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 BATCH = 64
+# Second, smaller sweeps at the largest n (tf.function only): the band's width,
+# and the densities around the switch from a sparse delta to a select.
 BAND_SWEEP = (3, 9, 33, 129)
+CROSSOVER_SWEEP = (0.03, 0.1, 0.15, 0.2, 0.3)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -47,10 +50,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--variants", nargs="+", choices=variants.ALL, help="a subset")
     p.add_argument("--no-plots", action="store_true", help="write the CSV only")
     p.add_argument(
-        "--band-sweep",
+        "--sweeps",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="also time bands of several widths at the largest n",
+        help="also sweep band widths and densities near the switch, at the largest n",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--verbose", action="store_true", help="time each warm-up")
@@ -66,8 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.variants = args.variants or list(variants.ALL)
     if "dense_adam" not in args.variants:
         args.variants.insert(0, "dense_adam")
-    if args.band_sweep is None:
-        args.band_sweep = not quick
+    if args.sweeps is None:
+        args.sweeps = not quick
     return args
 
 
@@ -147,14 +150,24 @@ def main(argv=None) -> int:
             print(f"  jit={jit!s:5} n={n:5}: done at {done:6.1f} s", flush=True)
     report.write_csv(rows, out_csv)
     written = [out_csv]
-    if args.band_sweep:
+    if args.sweeps:
         n = max(args.sizes)
-        sweep = [("dense_adam", None, None)]
         widths = [b for b in BAND_SWEEP if b // 2 < n]
-        sweep += [(v, None, b) for b in widths for v in ("band_naive", "band_refimpl")]
-        band_rows = measure(sweep, n, False, args, common)
-        written.append(args.out / f"{device}{suffix}_bandwidth.csv")
-        report.write_csv(band_rows, written[-1])
+        band = [(v, None, b) for b in widths for v in ("band_naive", "band_refimpl")]
+        cross = [
+            (v, d, None)
+            for d in CROSSOVER_SWEEP
+            for v in ("partial_delta", "partial_select")
+        ]
+        for name, sweep in (("bandwidth", band), ("crossover", cross)):
+            sweep_rows = measure(
+                [("dense_adam", None, None), *sweep], n, False, args, common
+            )
+            written.append(args.out / f"{device}{suffix}_{name}.csv")
+            report.write_csv(sweep_rows, written[-1])
+            print(
+                f"  {name} sweep at n={n}: done at {time.perf_counter() - start:6.1f} s"
+            )
     if not args.no_plots:
         written += report.save_plots(rows, args.out, device + suffix)
     print(f"wrote in {time.perf_counter() - start:.0f} s:")
