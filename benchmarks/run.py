@@ -2,6 +2,7 @@
 
     python -m benchmarks.run           # full run: CSV and plots in benchmarks/results
     python -m benchmarks.run --quick   # seconds: a smoke test of the whole pipeline
+    python -m benchmarks.run --sizes 256 1024 4096 16384   # larger n, on a GPU
 
 The step is forward (``y = x @ W``), mean squared error, gradient and an Adam
 update, inside ``tf.function`` and again with ``jit_compile=True``, for a batch
