@@ -38,7 +38,11 @@ CROSSOVER_SWEEP = (0.03, 0.1, 0.15, 0.2, 0.3)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--quick", action="store_true", help="small n, few repeats")
     p.add_argument("--out", type=pathlib.Path, default=RESULTS, help="output folder")
     p.add_argument("--sizes", type=int, nargs="+", help="values of n")
@@ -48,7 +52,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--densities", type=float, nargs="+", help="mask densities")
     p.add_argument("--repeats", type=int, help="interleaved rounds")
     p.add_argument("--target-ms", type=float, help="length of one timing sample")
-    p.add_argument("--variants", nargs="+", choices=variants.ALL, help="a subset")
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        choices=variants.ALL,
+        metavar="VARIANT",
+        help=f"a subset of: {', '.join(variants.ALL)}",
+    )
     p.add_argument("--no-plots", action="store_true", help="write the CSV only")
     p.add_argument(
         "--sweeps",
