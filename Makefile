@@ -13,7 +13,6 @@ LINT_PATHS := $(wildcard refimpl tests benchmarks tools chapters)
 export IPYTHONDIR := $(CURDIR)/tools/ipython
 export TF_CPP_MIN_LOG_LEVEL := 3
 export PYTHONHASHSEED := 0
-export MPLBACKEND := Agg
 
 .PHONY: book test lint unit notebooks check-book build-book execute bench clean
 

@@ -4,3 +4,5 @@
 # not in the stored notebook outputs, so outputs are the same on every machine.
 c = get_config()  # noqa: F821
 c.IPKernelApp.capture_fd_output = False
+# Store figures in the notebook (inline PNG), whatever MPLBACKEND says.
+c.InteractiveShellApp.matplotlib = "inline"
