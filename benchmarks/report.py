@@ -145,7 +145,10 @@ def _plain_log_ticks(axis, ticks=None) -> None:
     if ticks is not None:
         axis.set_major_locator(FixedLocator(ticks))
     else:
-        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        low, high = sorted(axis.get_view_interval())
+        wide = low <= 0 or high / low > 10
+        subs = (1.0, 2.0, 5.0) if wide else (1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 7.0)
+        axis.set_major_locator(LogLocator(base=10, subs=subs))
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
 
