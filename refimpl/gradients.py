@@ -206,7 +206,32 @@ def apply_masked_gradients(
     optimizer.apply_gradients(zip(masked, variables, strict=True))
     for var, mask, saved in zip(variables, masks, snapshots, strict=False):
         if saved is not None:
-            var.assign(tf.where(tf.constant(mask), tf.convert_to_tensor(var), saved))
+            value = tf.where(tf.constant(mask), tf.convert_to_tensor(var), saved)
+            _assign_on_every_replica(var, value)
+
+
+def _assign_on_every_replica(var, value) -> None:
+    """``var.assign(value)``, also correct inside ``strategy.run``.
+
+    In replica context a plain assign to a mirrored variable is aggregated by
+    the variable's ``aggregation`` (with ``SUM`` the replicas' writes add up).
+    Every replica computes the same restored value for its own copy, so the
+    write goes through a merge call that updates each copy with its replica's
+    value, whatever the aggregation.
+    """
+    if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+        var.assign(value)
+        return
+
+    # A keras.Variable wraps the strategy's distributed tf.Variable.
+    tf_var = var.value if isinstance(var, keras.Variable) else var
+
+    def merge_fn(strategy, variable, per_replica_value):
+        strategy.extended.update(
+            variable, lambda v, x: v.assign(x), args=(per_replica_value,)
+        )
+
+    tf.distribute.get_replica_context().merge_call(merge_fn, args=(tf_var, value))
 
 
 class MaskedGradientModel(keras.Model):

@@ -169,23 +169,7 @@ def test_multi_worker_matches_single_device(workers, single, key):
     )
 
 
-_SUM_REASON = (
-    "apply_masked_gradients(restore_frozen=True) writes the restored value with "
-    "var.assign inside replica context; a MirroredVariable with "
-    "aggregation=SUM adds the replicas' writes, so every entry, frozen ones "
-    "included, is multiplied by the number of replicas"
-)
-
-
-@pytest.mark.parametrize(
-    "aggregation",
-    [
-        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=_SUM_REASON))
-        if name == "SUM"
-        else name
-        for name in AGGREGATIONS
-    ],
-)
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
 def test_restore_frozen_in_replica_context_is_exact(restored, aggregation):
     before = np.array([[1.0, 2.0], [3.0, 4.0]], "float32")
     # One SGD step of 0.1 on the summed gradient of ones of two replicas.
