@@ -69,7 +69,7 @@ def minimize(
         TypeError: if ``loss_fn`` is not callable, a variable is not a floating
             ``tf.Variable``, or ``options`` is not a dict.
         ValueError: for a bad mask, an unknown method, a loss that is not a
-            scalar, or a mask that leaves no entry free.
+            scalar or not finite at the start, or a mask that leaves no entry free.
 
     >>> X = tf.Variable([1.0, 2.0])
     >>> Y = tf.constant([2.0, -3.0])
@@ -125,6 +125,13 @@ def minimize(
             for var, idx in zip(variables, indices)
         ]
     )
+    start = float(_scalar_loss(loss_fn()).numpy())
+    if not np.isfinite(start):
+        raise ValueError(
+            "`loss_fn` must be finite at the starting point, or SciPy stops at "
+            f"once without saying why. Received: loss_fn()={start}; check the "
+            "variables (and any frozen entry) for NaN or inf."
+        )
     if method_key in _GRADIENT_FREE_METHODS:
         result = scipy.optimize.minimize(
             loss_only, theta0, method=method, options=options

@@ -49,13 +49,6 @@ def _used_optimizer():
     return refimpl.frozen_drift("gradient masking", opt, EYE)
 
 
-# Known gaps, each an xfail(strict=True): CI notices when one is fixed.
-MINIMIZE_NAN = (
-    "scipy_optimize.minimize does not check the starting loss: with a NaN in a "
-    "variable it returns success=False ('ABNORMAL') instead of raising"
-)
-
-
 def _nan_minimize():
     v = tf.Variable([np.nan, 1.0])
     return refimpl.minimize(lambda: tf.reduce_sum((v - 2.0) ** 2), v)
@@ -90,7 +83,7 @@ CASES = [
     ("minimize_int_variable", "minimize", lambda: refimpl.minimize(lambda: 0.0, tf.Variable([1, 2])), "variables", "int32"),
     ("minimize_mask_shape", "minimize", lambda: refimpl.minimize(lambda: 0.0, _var(), [True]), "mask", "(1,)"),
     ("minimize_method", "minimize", lambda: refimpl.minimize(lambda: 0.0, _var(), method="sgd"), "method", "'sgd'"),
-    ("minimize_nan_start", "minimize", _nan_minimize, "loss_fn", "nan", MINIMIZE_NAN),
+    ("minimize_nan_start", "minimize", _nan_minimize, "loss_fn", "nan"),
     ("minimize_empty_mask", "minimize", lambda: refimpl.minimize(lambda: 0.0, _var(), ~EYE & EYE), "mask", "[0]"),
     # gradients
     ("mask_gradients_not_list", "mask_gradients", lambda: refimpl.mask_gradients(W3, [EYE]), "grads", "array"),
