@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 import refimpl
+from benchmarks.report import GROUPS
 
 # Densities of the free entries for the sparse-delta variants and the one-hot
 # trick, whose cost depends on it; the dense masked forms run at MASK_DENSITY
@@ -33,14 +34,7 @@ BANDWIDTH = 3
 
 MASKED = ("grad_mask", "grad_mask_restore", "stop_gradient_mask")
 BY_DENSITY = ("one_hot_scatter", "partial_delta", "partial_select", "partial_auto")
-STRUCTURED = (
-    "diag_naive",
-    "diag_refimpl",
-    "band_naive",
-    "band_refimpl",
-    "block_naive",
-    "block_refimpl",
-)
+STRUCTURED = GROUPS["structured"]
 ALL = ("dense_adam", *MASKED, *BY_DENSITY, *STRUCTURED)
 
 
