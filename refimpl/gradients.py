@@ -20,7 +20,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from refimpl.masks import normalize_shape, to_mask
+from refimpl.masks import mask_constant, normalize_shape, to_mask
 
 __all__ = ["mask_gradients", "apply_masked_gradients", "MaskedGradientModel"]
 
@@ -51,12 +51,12 @@ def _mask_one(grad, mask: np.ndarray | None):
     if mask is None:
         return grad
     if isinstance(grad, tf.IndexedSlices):
-        rows = tf.gather(tf.constant(mask), grad.indices)
+        rows = tf.gather(mask_constant(mask), grad.indices)
         values = tf.where(rows, grad.values, tf.zeros_like(grad.values))
         return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
     grad = tf.convert_to_tensor(grad)
     # A select, not a product: 0 * inf and 0 * nan would leak NaN.
-    return tf.where(tf.constant(mask), grad, tf.zeros_like(grad))
+    return tf.where(mask_constant(mask), grad, tf.zeros_like(grad))
 
 
 def mask_gradients(grads, masks) -> list:
@@ -206,7 +206,7 @@ def apply_masked_gradients(
     optimizer.apply_gradients(zip(masked, variables, strict=True))
     for var, mask, saved in zip(variables, masks, snapshots, strict=False):
         if saved is not None:
-            value = tf.where(tf.constant(mask), tf.convert_to_tensor(var), saved)
+            value = tf.where(mask_constant(mask), tf.convert_to_tensor(var), saved)
             _assign_on_every_replica(var, value)
 
 

@@ -25,7 +25,13 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["to_mask", "indices_to_mask", "mask_to_indices", "normalize_shape"]
+__all__ = [
+    "to_mask",
+    "indices_to_mask",
+    "mask_to_indices",
+    "mask_constant",
+    "normalize_shape",
+]
 
 
 def normalize_shape(shape, *, name: str = "shape") -> tuple[int, ...]:
@@ -166,7 +172,9 @@ def indices_to_mask(indices, shape, *, name: str = "indices") -> np.ndarray:
     return mask
 
 
-def to_mask(mask, shape, *, name: str = "mask") -> np.ndarray:
+def to_mask(
+    mask, shape, *, name: str = "mask", indices_expected: bool = False
+) -> np.ndarray:
     """Validate ``mask`` against ``shape`` and return it as a boolean array.
 
     Args:
@@ -175,6 +183,9 @@ def to_mask(mask, shape, *, name: str = "mask") -> np.ndarray:
             ``[k, len(shape)]`` (see the module docstring).
         shape: the shape of the tensor the mask applies to.
         name: the argument's name, used in error messages.
+        indices_expected: ``True`` for an argument documented as an index
+            list (``indices=``): an integer array is then read as indices even
+            where it could also be a 0/1 mask.
 
     Returns:
         A new boolean NumPy array of ``shape`` (``True`` = trainable).
@@ -201,7 +212,8 @@ def to_mask(mask, shape, *, name: str = "mask") -> np.ndarray:
         # only when it cannot be a 0/1 mask; otherwise ask which is meant.
         could_be_indices = array.ndim == 2 and array.shape[1] == len(shape)
         could_be_01_mask = array.shape == shape and np.isin(array, (0, 1)).all()
-        if array.shape == shape and (could_be_01_mask or not could_be_indices):
+        ambiguous = could_be_01_mask and not indices_expected
+        if array.shape == shape and (ambiguous or not could_be_indices):
             raise TypeError(
                 f"`{name}` is an integer array of the tensor's own shape "
                 f"{shape}. Integer arrays are read as index lists of shape "
@@ -242,6 +254,20 @@ def mask_to_indices(mask) -> np.ndarray:
             f"mask={_short(array)}"
         )
     return np.argwhere(array).astype(np.int64)
+
+
+def mask_constant(mask) -> tf.Tensor:
+    """Return a validated boolean NumPy mask as a ``tf.bool`` constant, fast.
+
+    ``tf.constant`` of a large boolean array is slow (seconds for a 4096 x 4096
+    mask inside ``tf.function``); the same bytes as ``uint8`` are copied at
+    once and cast on the device.
+
+    >>> mask_constant(np.array([True, False])).numpy()
+    array([ True, False])
+    """
+    array = np.ascontiguousarray(mask, dtype=bool)
+    return tf.cast(tf.constant(array.view(np.uint8)), tf.bool)
 
 
 def _check_shape(array: np.ndarray, shape: tuple[int, ...], name: str) -> None:

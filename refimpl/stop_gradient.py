@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from refimpl.masks import mask_to_indices, normalize_shape, to_mask
+from refimpl.masks import mask_constant, mask_to_indices, normalize_shape, to_mask
 
 __all__ = ["partially_trainable", "one_hot_trainable"]
 
@@ -100,7 +100,7 @@ def one_hot_trainable(x, indices) -> tf.Tensor:
     """
     x = tf.convert_to_tensor(x)
     shape = _static_shape(x.shape)
-    mask = to_mask(indices, shape, name="indices")
+    mask = to_mask(indices, shape, name="indices", indices_expected=True)
     idx = tf.constant(mask_to_indices(mask), dtype=tf.int64)
     part = tf.scatter_nd(idx, tf.gather_nd(x, idx), tf.constant(shape, tf.int64))
     return part + tf.stop_gradient(x - part)
@@ -130,4 +130,4 @@ def _bool_mask(mask, x_shape: tf.TensorShape):
                 f"Received: mask={mask!r}"
             )
         return mask
-    return to_mask(mask, _static_shape(x_shape))
+    return mask_constant(to_mask(mask, _static_shape(x_shape)))

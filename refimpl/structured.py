@@ -269,7 +269,7 @@ def _index_list(indices, shape, name: str) -> np.ndarray:
     An index list keeps its row order; a mask gives row-major order.
     """
     shape = normalize_shape(shape, name="template.shape")
-    mask = to_mask(indices, shape, name=name)
+    mask = to_mask(indices, shape, name=name, indices_expected=True)
     array = np.asarray(indices.numpy() if hasattr(indices, "numpy") else indices)
     if array.size and np.issubdtype(array.dtype, np.integer):
         return array.astype(np.int64).reshape(-1, len(shape))

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from refimpl.masks import mask_to_indices, normalize_shape, to_mask
+from refimpl.masks import mask_constant, mask_to_indices, normalize_shape, to_mask
 from refimpl.structured import _index_list
 
 __all__ = ["PartialVariable", "SELECT_ABOVE_DENSITY", "choose_mode", "compose"]
@@ -83,7 +83,7 @@ def compose(base, indices, free, *, mode: str = "delta", mask=None) -> tf.Tensor
     base = tf.convert_to_tensor(base)
     shape = normalize_shape(base.shape, name="base.shape")
     index_list = _index_list(indices, shape, "indices")
-    bool_mask = to_mask(index_list, shape, name="indices")
+    bool_mask = to_mask(index_list, shape, name="indices", indices_expected=True)
     if mask is not None and not np.array_equal(
         to_mask(mask, shape, name="mask"), bool_mask
     ):
@@ -230,4 +230,6 @@ class PartialVariable(tf.Module):
 def _compose(base, indices, free, mode, mask):
     if mode == "delta":
         return tf.tensor_scatter_nd_update(base, indices, free)
+    if not isinstance(mask, tf.Tensor):
+        mask = mask_constant(mask)
     return tf.where(mask, free, base)

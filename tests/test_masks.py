@@ -109,3 +109,15 @@ def test_bad_shape_raises(shape, error):
 def test_mask_to_indices_rejects_non_boolean():
     with pytest.raises(TypeError, match="boolean"):
         mask_to_indices([1, 0])
+
+
+def test_indices_expected_reads_an_ambiguous_integer_array_as_indices():
+    mask = to_mask(np.eye(2, dtype=int), (2, 2), indices_expected=True)
+    np.testing.assert_array_equal(mask, [[False, True], [True, False]])
+
+
+def test_mask_constant_keeps_every_entry():
+    from refimpl.masks import mask_constant
+
+    mask = np.random.default_rng(0).random((7, 5)) < 0.5
+    np.testing.assert_array_equal(mask_constant(mask).numpy(), mask)
