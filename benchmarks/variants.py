@@ -28,7 +28,7 @@ from benchmarks.report import GROUPS
 # (their cost does not depend on the mask).
 DENSITIES = (0.001, 0.01, 0.1, 0.5)
 MASK_DENSITY = 0.01
-# Band of the seed's example: one diagonal below, the main diagonal (fixed to
+# Band of the classic Q&A example: one diagonal below, the main diagonal (fixed to
 # ones, not trained) and one above.
 BANDWIDTH = 3
 
@@ -196,7 +196,7 @@ def _band(name: str, n: int, rng, bandwidth: int) -> Variant:
 
 
 def _block(name: str, n: int, rng) -> Variant:
-    """The seed's layout ``[[0, -0.2 I], [0.35 I, T]]`` with ``T`` trainable."""
+    """The classic Q&A layout ``[[0, -0.2 I], [0.35 I, T]]`` with ``T`` trainable."""
     m = n // 2
     t = tf.Variable(_matrix(m, rng), name="t")
     upper = tf.constant(-0.2 * np.eye(m, dtype="float32"))
