@@ -1,0 +1,18 @@
+"""Every Python block in README.md runs as written."""
+
+import pathlib
+import re
+
+import pytest
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+
+
+def test_readme_has_python_examples():
+    assert BLOCKS
+
+
+@pytest.mark.parametrize("number", range(len(BLOCKS)))
+def test_readme_example_runs(number):
+    exec(compile(BLOCKS[number], f"README.md block {number}", "exec"), {})
