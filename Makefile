@@ -49,7 +49,8 @@ build-book: book
 execute: $(STAMP)
 	for nb in $(NOTEBOOKS); do \
 	  $(BIN)/jupyter nbconvert --to notebook --execute --inplace \
-	    --ExecutePreprocessor.timeout=600 $$nb || exit 1; \
+	    --ExecutePreprocessor.timeout=600 --ExecutePreprocessor.record_timing=False \
+	    $$nb || exit 1; \
 	done
 
 bench: $(STAMP)
