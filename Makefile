@@ -1,6 +1,7 @@
 # Partially Trainable: the book, its notebooks and the refimpl package.
 #   make book     build the HTML book into _build/html (from stored outputs)
-#   make test     everything CI runs: lint, unit tests, notebooks, strict build
+#   make check    lint and the fast tests (no `slow` marker), in about a minute
+#   make test     everything CI runs: lint, every test, notebooks, strict build
 #   make execute  re-run every notebook in place after editing it
 #   make bench    run the benchmarks and rewrite benchmarks/results/
 PYTHON ?= python3
@@ -14,7 +15,7 @@ export IPYTHONDIR := $(CURDIR)/tools/ipython
 export TF_CPP_MIN_LOG_LEVEL := 3
 export PYTHONHASHSEED := 0
 
-.PHONY: book test lint unit notebooks check-book build-book execute bench clean
+.PHONY: book check test lint unit fast notebooks check-book build-book execute bench clean
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -c 'import sys; assert (3, 10) <= sys.version_info[:2] <= (3, 12), "Python 3.10-3.12 is required, found " + sys.version.split()[0]'
@@ -28,6 +29,8 @@ book: $(STAMP)
 	$(BIN)/jupyter-book build . --all -W --keep-going
 	@echo "Open the book: file://$(CURDIR)/_build/html/index.html"
 
+check: lint fast
+
 test: lint unit check-book notebooks build-book
 
 lint: $(STAMP)
@@ -36,6 +39,9 @@ lint: $(STAMP)
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests --doctest-modules refimpl
+
+fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" tests --doctest-modules refimpl
 
 check-book: $(STAMP)
 	$(BIN)/python tools/check_book.py
