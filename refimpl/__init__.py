@@ -1,40 +1,41 @@
-"""refimpl: train only some positions of a TensorFlow/Keras tensor.
+"""refimpl: train only some positions of a Keras/TensorFlow tensor, exactly.
 
-TensorFlow decides trainability per *variable*. This package implements every
-way around that, in two families:
+TensorFlow and Keras decide trainability per *variable*. This package
+implements every way around that, in two families:
 
 * **reparametrize**: build the tensor from free values and fixed values, so the
-  optimizer only ever sees the free values (exact under every optimizer);
+  optimizer only ever sees the free values (exact under every optimizer, and
+  the optimizer state is one value per free entry): :class:`PartialVariable`,
+  the layers, the structured builders;
 * **restrict the update**: keep one full variable and filter its gradient or
-  its update (cheap to add to existing code, but not exact under every
-  optimizer).
+  its update (:class:`MaskedOptimizer`, :class:`FreezeEntries`,
+  :func:`partially_trainable`): cheap to add to existing code, exact only with
+  ``restore_frozen=True`` or a constraint.
 
-See the book for when to use which.
+Every ``masks`` argument is a list of ``(variable, mask)`` pairs; in a mask,
+``True`` (or 1.0) means trainable. See the book for when to use which.
 """
 
-__version__ = "0.1.0"
+__version__ = "1.0.0"
 
 # Re-impose frozen values after every update (a Keras constraint).
 from refimpl.constraints import FreezeEntries
 
-# Measure which frozen entries a technique and an optimizer move.
-from refimpl.exactness import TECHNIQUES, Drift, frozen_drift, keras_optimizers
-
-# Mask the gradients of a full variable, in a custom loop or in fit.
-from refimpl.gradients import (
-    MaskedGradientModel,
-    apply_masked_gradients,
-    mask_gradients,
-)
+# Fold refimpl layers back into plain Keras layers.
+from refimpl.convert import merge
 
 # Keras layers whose kernel is built from its free values.
 from refimpl.layers import BandedDense, BlockDense, DiagonalDense, PartialDense
 
+# Mask the gradients of full variables: an optimizer wrapper and a custom-loop step.
+from refimpl.masked_optimizer import (
+    MaskedOptimizer,
+    apply_masked_gradients,
+    mask_gradients,
+)
+
 # Masks and index lists.
 from refimpl.masks import indices_to_mask, mask_to_indices, to_mask
-
-# Different optimizers for different groups of variables.
-from refimpl.optimizers import MultiOptimizer
 
 # Pictures.
 from refimpl.plotting import plot_mask
@@ -56,7 +57,7 @@ from refimpl.structured import (
     scatter_free,
 )
 
-# Checks used by the book and the tests.
+# Checks: bit-exact frozen entries, and the values an optimizer can change.
 from refimpl.testing import assert_frozen, count_free_parameters, moved
 
 # Free values plus a frozen base.
@@ -66,13 +67,10 @@ __all__ = [
     "BandedDense",
     "BlockDense",
     "DiagonalDense",
-    "Drift",
     "FreezeEntries",
-    "MaskedGradientModel",
-    "MultiOptimizer",
+    "MaskedOptimizer",
     "PartialDense",
     "PartialVariable",
-    "TECHNIQUES",
     "__version__",
     "apply_masked_gradients",
     "assert_frozen",
@@ -85,11 +83,10 @@ __all__ = [
     "count_free_parameters",
     "diagonal",
     "diagonal_matmul",
-    "frozen_drift",
     "indices_to_mask",
-    "keras_optimizers",
     "mask_gradients",
     "mask_to_indices",
+    "merge",
     "minimize",
     "moved",
     "one_hot_trainable",

@@ -1,30 +1,21 @@
-"""A variable of which only some entries are trainable: free values plus a frozen base.
+"""A tensor of which only some entries are trainable: free values over a frozen base.
 
-:class:`PartialVariable` keeps the trainable entries in their own
-``tf.Variable`` and the fixed entries in a second, non-trainable one. Its
-:meth:`~PartialVariable.value` builds the dense tensor in the forward pass
-with :func:`compose`, so an optimizer only ever sees the free values and the
-frozen entries keep their exact bits under any optimizer, weight decay
-included. This is the frozen-base-plus-delta idea of Keras' ``enable_lora``,
-with the delta restricted to a mask.
+:class:`PartialVariable` keeps the trainable entries in their own weight and
+the fixed entries in a second, non-trainable one, and builds the dense tensor
+in the forward pass (:meth:`~PartialVariable.value`). An optimizer only ever
+sees the free values, so the frozen entries keep their exact bits under any
+optimizer, weight decay included, and the optimizer state is one value per
+free entry and slot. This is the frozen-base-plus-delta idea of Keras'
+``enable_lora``, with the delta restricted to a mask. It is a Keras layer that
+holds weights, so Keras tracks, trains and saves it inside any layer.
 
-Two exact forms of the forward pass exist; both give the same tensor:
-
-* ``"delta"`` (the default): ``free`` holds the k free values (shape
-  ``[k]``), written into the base with ``tf.tensor_scatter_nd_update``. The
-  optimizer state is k values per slot (2k for Adam).
-* ``"select"``: ``free`` is a **full-size** trainable variable of the base's
-  shape, and the forward pass is ``tf.where(mask, free, base)``. Its gradient
-  is a dense masked copy, with no scatter or gather, which is faster when most
-  entries are free; but it stores n values instead of k and its optimizer
-  state is n values per slot whatever the density. Entries of ``free``
-  outside the mask may drift (weight decay moves them) but are never read.
-
-:func:`choose_mode` picks between them by the mask's density.
+:func:`compose` is the same forward pass on plain TensorFlow tensors, and
+:func:`choose_mode` the density rule of the opt-in ``mode="auto"``.
 """
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -138,93 +129,260 @@ def choose_mode(mask) -> str:
     return "select" if density >= SELECT_ABOVE_DENSITY else "delta"
 
 
-class PartialVariable(tf.Module):
+@keras.saving.register_keras_serializable(package="refimpl")
+class PartialVariable(keras.layers.Layer):
     """A dense tensor of which only the entries in ``mask`` are trainable.
 
-    The free values live in ``.free`` (the only trainable variable), the
-    fixed ones in ``.base`` (a non-trainable variable). Both are tracked, so
-    ``tf.train.Checkpoint`` saves and restores them. Read the tensor with
-    :meth:`value` inside the forward pass (inside the ``GradientTape``).
+    The free values live in ``.free``, the only trainable weight; the fixed
+    ones in ``.base``, a non-trainable weight; the free positions in
+    ``.positions``, a non-trainable integer weight. Read the tensor with
+    :meth:`value` in the forward pass.
+
+    It is a Keras layer that holds weights and is never called on inputs, so
+    it works wherever Keras tracks layers. Create it in your layer's
+    ``build`` and keep it as an attribute; Keras then trains ``.free`` in
+    ``fit``, counts it in ``summary()`` and
+    :func:`refimpl.count_free_parameters`, and saves all three weights in
+    ``.keras`` and ``.weights.h5`` files. In a custom loop, pass
+    ``pv.trainable_variables`` to the optimizer; ``tf.train.Checkpoint``
+    saves it too.
+
+    Modes (both exact; the default is the one to use unless measured):
+
+    * ``"delta"`` (default): ``.free`` holds exactly the ``k`` free values, so
+      the optimizer state is ``k`` values per slot and no optimizer can
+      touch a frozen entry.
+    * ``"select"``: ``.free`` is a **full-size** variable and the forward pass
+      is ``where(mask, free, base)``: a full variable with a filtered update.
+      Its optimizer state is the full size per slot, whatever the density;
+      optimizers whose update is not elementwise (Adafactor) see every entry
+      of it. Faster than ``"delta"`` only when most entries are free.
+    * ``"auto"``: :func:`choose_mode` picks one of the two by density.
 
     Args:
-        initial_value: the dense starting tensor. Its entries outside
-            ``mask`` become the frozen values; those inside, the free values.
+        initial_value: the dense starting tensor (floating point). Its
+            entries outside ``mask`` become the frozen values.
         mask: the trainable positions, anything
             :func:`refimpl.masks.to_mask` accepts for this shape.
-        mode: ``"delta"`` (``.free`` has shape ``[k]``), ``"select"``
-            (``.free`` has the full shape, see the module docstring), or
-            ``"auto"`` for :func:`choose_mode`.
-        name: the module's name.
+        mode: ``"delta"``, ``"select"`` or ``"auto"``.
+        shape: with ``num_free``, and no ``initial_value`` or ``mask``: an
+            empty shell whose values and positions are loaded with the
+            weights of a saved model (what ``from_config`` builds).
+        num_free: the number of free entries of such a shell.
+        **kwargs: base ``Layer`` arguments (``name``, ``dtype``).
 
-    Attributes:
-        free: the trainable ``tf.Variable``.
-        base: the frozen ``tf.Variable`` (``trainable=False``).
-        indices: the ``[k, rank]`` int64 positions of the free values.
-        mask: the boolean mask, a NumPy array.
-        mode: ``"delta"`` or ``"select"``.
+    Raises:
+        TypeError: for a non-floating ``initial_value`` or a bad mask type.
+        ValueError: for an unknown mode or a mask that does not fit.
 
-    >>> v = PartialVariable(tf.zeros((2, 2)), np.eye(2, dtype=bool), mode="delta")
-    >>> [w.shape for w in v.trainable_variables]
-    [TensorShape([2])]
+    >>> v = PartialVariable(np.zeros((2, 2), "float32"), np.eye(2, dtype=bool))
+    >>> [tuple(w.shape) for w in v.trainable_variables]
+    [(2,)]
     >>> _ = v.free.assign([1.0, 2.0])
-    >>> v.value().numpy()
+    >>> keras.ops.convert_to_numpy(v.value())
     array([[1., 0.],
            [0., 2.]], dtype=float32)
     """
 
-    def __init__(self, initial_value, mask, *, mode: str = "auto", name=None):
-        super().__init__(name=name)
-        value = tf.convert_to_tensor(initial_value)
-        if not value.dtype.is_floating:
-            raise TypeError(
-                "`initial_value` must be a floating-point tensor. "
-                f"Received dtype {value.dtype.name}"
-            )
-        shape = normalize_shape(value.shape, name="initial_value.shape")
-        self.mask = to_mask(mask, shape, name="mask")
-        if mode == "auto":
-            mode = choose_mode(self.mask)
-        if mode not in _MODES:
+    def __init__(
+        self,
+        initial_value=None,
+        mask=None,
+        *,
+        mode: str = "delta",
+        shape=None,
+        num_free: int | None = None,
+        **kwargs,
+    ):
+        if mode not in _MODES + ("auto",):
             raise ValueError(
                 f"`mode` must be one of {_MODES + ('auto',)}. Received: mode={mode!r}"
             )
+        shell = initial_value is None and mask is None
+        if shell:
+            if shape is None or num_free is None:
+                raise ValueError(
+                    "`initial_value` and `mask` are required. (Only a shell "
+                    "rebuilt from a saved config gives `shape` and `num_free` "
+                    "instead.) Received: initial_value=None, mask=None"
+                )
+            if mode == "auto":
+                raise ValueError("A shell needs its resolved `mode`. Received: 'auto'")
+            shape = normalize_shape(shape, name="shape")
+            num_free = _count(num_free, int(np.prod(shape)))
+            value = None
+        else:
+            if initial_value is None or mask is None:
+                missing = "initial_value" if initial_value is None else "mask"
+                raise ValueError(
+                    f"`initial_value` and `mask` go together. Received: {missing}=None"
+                )
+            if shape is not None or num_free is not None:
+                raise ValueError(
+                    "Give either `initial_value` and `mask`, or (for a shell) "
+                    f"`shape` and `num_free`. Received: shape={shape!r}, "
+                    f"num_free={num_free!r}"
+                )
+            value = _float_array(initial_value)
+            shape = tuple(value.shape)
+            kwargs.setdefault("dtype", value.dtype.name)
+        super().__init__(**kwargs)
+        if value is not None:
+            bool_mask = to_mask(mask, shape, name="mask")
+            mode = choose_mode(bool_mask) if mode == "auto" else mode
+            flat = np.flatnonzero(bool_mask)
+            num_free = len(flat)
         self.mode = mode
-        self.indices = mask_to_indices(self.mask)
-        self.base = tf.Variable(value, trainable=False, name="base")
-        start = tf.gather_nd(value, self.indices) if mode == "delta" else value
-        self.free = tf.Variable(start, trainable=True, name="free")
+        self._shape = shape
+        self._num_free = num_free
+        self._loaded = value is not None
+        index_dtype = "int32" if int(np.prod(shape)) < 2**31 else "int64"
+        free_shape = (num_free,) if mode == "delta" else shape
+        self.base = self.add_weight(
+            name="base",
+            shape=shape,
+            initializer=_constant(value),
+            trainable=False,
+        )
+        self.positions = self.add_weight(
+            name="positions",
+            shape=(num_free,),
+            dtype=index_dtype,
+            initializer=_constant(None if value is None else flat),
+            trainable=False,
+        )
+        if value is None:
+            start = None
+        elif mode == "delta":
+            start = value.reshape(-1)[flat]
+        else:
+            start = value
+        self.free = self.add_weight(
+            name="free", shape=free_shape, initializer=_constant(start)
+        )
+        self._mask_tensor = None
+        self.built = True
 
     @classmethod
     def from_dense(cls, w, mask, **kwargs) -> PartialVariable:
-        """Build one from an existing dense tensor: the right-inverse of ``value``.
+        """Build one from an existing dense tensor: the right inverse of ``value``.
 
         ``PartialVariable.from_dense(w, mask).value()`` equals ``w`` bit for bit.
 
         Args:
             w: a dense tensor, array, ``tf.Variable`` or Keras variable.
             mask: the trainable positions.
-            **kwargs: ``mode`` and ``name``, as for the constructor.
+            **kwargs: ``mode``, ``name`` and ``dtype``, as for the constructor.
 
-        >>> w = tf.constant([[1.0, 2.0], [3.0, 4.0]])
-        >>> v = PartialVariable.from_dense(w, [[1, 0]], mode="delta")
-        >>> v.free.numpy(), bool(tf.reduce_all(v.value() == w))
-        (array([3.], dtype=float32), True)
+        >>> w = np.array([[1.0, 2.0], [3.0, 4.0]], "float32")
+        >>> v = PartialVariable.from_dense(w, [[1, 0]])
+        >>> keras.ops.convert_to_numpy(v.free)
+        array([3.], dtype=float32)
         """
-        return cls(tf.convert_to_tensor(w), mask, **kwargs)
+        return cls(keras.ops.convert_to_numpy(w), mask, **kwargs)
 
     @property
-    def shape(self) -> tf.TensorShape:
+    def shape(self) -> tuple[int, ...]:
         """The shape of the dense tensor."""
-        return self.base.shape
+        return self._shape
 
     @property
-    def dtype(self) -> tf.DType:
-        """The dtype of the dense tensor."""
-        return self.base.dtype
+    def num_free(self) -> int:
+        """The number of trainable entries."""
+        return self._num_free
 
-    def value(self) -> tf.Tensor:
-        """Return the dense tensor: free values at ``indices``, base elsewhere."""
-        return _compose(self.base, self.indices, self.free, self.mode, self.mask)
+    @property
+    def mask(self) -> np.ndarray:
+        """The boolean mask, a NumPy array of :attr:`shape` (``True`` = free)."""
+        self._check_loaded()
+        mask = np.zeros(int(np.prod(self._shape)), bool)
+        mask[keras.ops.convert_to_numpy(self.positions)] = True
+        return mask.reshape(self._shape)
+
+    @property
+    def indices(self) -> np.ndarray:
+        """The ``[k, rank]`` int64 positions of the free values, in their order."""
+        self._check_loaded()
+        flat = keras.ops.convert_to_numpy(self.positions).astype(np.int64)
+        return np.stack(np.unravel_index(flat, self._shape), axis=-1)
+
+    def value(self):
+        """Return the dense tensor: free values at their positions, base elsewhere.
+
+        Inside a layer's ``call`` the weights are read in the layer's compute
+        dtype (mixed precision); elsewhere in their own dtype.
+        """
+        self._check_loaded()
+        base, free = self.base.value, self.free.value  # autocast in a call
+        if self.mode == "select":
+            return keras.ops.where(self._select_mask(), free, base)
+        flat = keras.ops.reshape(base, (-1,))
+        positions = keras.ops.expand_dims(self.positions.value, -1)
+        flat = keras.ops.scatter_update(flat, positions, free)
+        return keras.ops.reshape(flat, self._shape)
+
+    def call(self, *args, **kwargs):
+        raise TypeError(
+            "A PartialVariable is a tensor, not a layer to call on inputs: "
+            "read it with `.value()` inside your layer's `call`."
+        )
+
+    def _select_mask(self):
+        if self._mask_tensor is None:
+            self._mask_tensor = mask_constant(self.mask)
+        return self._mask_tensor
+
+    def load_own_variables(self, store):
+        super().load_own_variables(store)
+        self._loaded = True
+        self._mask_tensor = None
+
+    def _check_loaded(self) -> None:
+        if not self._loaded:
+            raise ValueError(
+                f"PartialVariable '{self.name}' was rebuilt from a config "
+                "without its values; they come with the saved weights. Load the "
+                "model with `keras.saving.load_model` or load its weights "
+                "before using it."
+            )
+
+    def get_config(self) -> dict:
+        config = {"mode": self.mode, "shape": list(self._shape)}
+        config["num_free"] = self._num_free
+        return {**super().get_config(), **config}
+
+
+def _float_array(value) -> np.ndarray:
+    try:
+        array = np.asarray(keras.ops.convert_to_numpy(value))
+    except (TypeError, ValueError) as err:
+        raise TypeError(
+            "`initial_value` must be a floating-point array or tensor. "
+            f"Received: initial_value={value!r}"
+        ) from err
+    if not np.issubdtype(array.dtype, np.floating) and array.dtype.name != "bfloat16":
+        raise TypeError(
+            "`initial_value` must be a floating-point tensor. "
+            f"Received dtype {array.dtype}"
+        )
+    return array
+
+
+def _count(value, size: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"`num_free` must be an int. Received: num_free={value!r}")
+    if not 0 <= value <= size:
+        raise ValueError(
+            f"`num_free` must be between 0 and the tensor's size {size}. "
+            f"Received: num_free={value}"
+        )
+    return int(value)
+
+
+def _constant(array):
+    if array is None:
+        return "zeros"
+    return lambda shape, dtype=None: keras.ops.cast(np.asarray(array), dtype)
 
 
 def _compose(base, indices, free, mode, mask):

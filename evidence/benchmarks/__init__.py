@@ -1,6 +1,6 @@
 """Benchmarks: what each way of training only some positions costs.
 
-Run ``python -m benchmarks.run`` (or ``make bench``) from the repository root.
+Run ``python -m evidence.benchmarks.run`` (or ``make bench``) from the repository root.
 It times one training step (forward, loss, gradient, Adam update) of every
 technique against the dense step of the same run, and writes
 ``benchmarks/results/<device>.csv`` and plots beside it.

@@ -6,7 +6,7 @@ module twice:
 * in-process, :func:`train` runs one technique under any strategy (the default
   one-device strategy, or a ``MirroredStrategy`` over logical devices), so the
   multi-device result can be compared with single-device training;
-* as a script, ``python -m refimpl._distributed_worker OUT_DIR`` is one worker
+* as a script, ``python -m evidence.distributed OUT_DIR`` is one worker
   of a ``MultiWorkerMirroredStrategy``: it reads its place in the cluster from
   ``TF_CONFIG``, trains every technique and writes ``worker<i>.npz`` into
   ``OUT_DIR``. :func:`launch` starts such a cluster on the loopback address,
@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from refimpl.constraints import FreezeEntries
-from refimpl.gradients import MaskedGradientModel, apply_masked_gradients
+from refimpl.masked_optimizer import MaskedOptimizer, apply_masked_gradients
 from refimpl.layers import DiagonalDense, PartialDense
 from refimpl.variables import PartialVariable
 
@@ -236,7 +236,7 @@ def launch(out_dir: str, *, workers: int = 2, timeout: float = 120) -> list[dict
             env["no_proxy"] = env["no_grpc_proxy"] = "127.0.0.1"  # never a proxy
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
             log = tempfile.TemporaryFile()
-            cmd = [sys.executable, "-m", "refimpl._distributed_worker", out_dir]
+            cmd = [sys.executable, "-m", "evidence.distributed", out_dir]
             procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=log), log))
         for index, (proc, log) in enumerate(procs):
             try:

@@ -1,8 +1,8 @@
 """Time one training step of every technique against the dense step.
 
-    python -m benchmarks.run           # full run: CSV and plots in benchmarks/results
-    python -m benchmarks.run --quick   # seconds: a smoke test of the whole pipeline
-    python -m benchmarks.run --sizes 256 1024 4096 16384   # larger n, on a GPU
+    python -m evidence.benchmarks.run           # full run: CSV and plots in benchmarks/results
+    python -m evidence.benchmarks.run --quick   # seconds: a smoke test of the whole pipeline
+    python -m evidence.benchmarks.run --sizes 256 1024 4096 16384   # larger n, on a GPU
 
 The step is forward (``y = x @ W``), mean squared error, gradient and an Adam
 update, inside ``tf.function`` and again with ``jit_compile=True``, for a batch
@@ -27,7 +27,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from benchmarks import report, timing, variants  # noqa: E402
+from evidence.benchmarks import report, timing, variants  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 BATCH = 64
@@ -39,7 +39,7 @@ CROSSOVER_SWEEP = (0.03, 0.1, 0.15, 0.2, 0.3)
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks.run",
+        prog="python -m evidence.benchmarks.run",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from refimpl.constraints import FreezeEntries
-from refimpl.gradients import apply_masked_gradients
+from refimpl.masked_optimizer import apply_masked_gradients
 from refimpl.layers import BandedDense, PartialDense
 from refimpl.stop_gradient import one_hot_trainable, partially_trainable
 from refimpl.variables import PartialVariable

@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 import refimpl
-from benchmarks.report import GROUPS
+from evidence.benchmarks.report import GROUPS
 
 # Densities of the free entries for the sparse-delta variants and the one-hot
 # trick, whose cost depends on it; the dense masked forms run at MASK_DENSITY

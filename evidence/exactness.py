@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from refimpl._exactness_cases import CASES, band_widths
+from evidence._cases import CASES, band_widths
 from refimpl.masks import to_mask
 from refimpl.testing import moved
 

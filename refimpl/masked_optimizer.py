@@ -1,0 +1,534 @@
+"""Mask the gradients of full variables: :class:`MaskedOptimizer` and its helpers.
+
+The "restrict the update" family in its plainest form: the weight stays one
+full variable; the gradient of its frozen entries is replaced by zero (a
+select, never a product: ``0 * inf`` is NaN) before the optimizer sees it.
+
+* :class:`MaskedOptimizer` wraps any Keras optimizer, the way
+  ``keras.optimizers.LossScaleOptimizer`` does: it changes what reaches the
+  inner optimizer and leaves everything else to it (clipping, EMA, gradient
+  accumulation, loss scaling, schedules). Use it in ``compile``/``fit`` or in a
+  custom loop.
+* :func:`apply_masked_gradients` is one such step for a custom loop, on the
+  same code; :func:`mask_gradients` only masks.
+
+With plain SGD, momentum SGD, Adam and Lion a zero gradient means no update.
+Optimizers that move an entry whose gradient is zero (weight decay, Ftrl,
+Adafactor) break that; ``restore_frozen=True`` writes the frozen values back
+after every update, which keeps the frozen entries bit-exact under any
+optimizer, for one copy of each masked variable and one select per step.
+
+A floating-point mask with values in [0, 1] scales each entry's *update* (new
+value minus old), not its gradient: a per-entry learning-rate multiplier that
+adaptive optimizers respect too (Adam would undo a scaled gradient). An entry
+at 0.0 keeps its exact bits, one at 1.0 gets the inner optimizer's update.
+
+Every ``masks`` argument is a list of ``(variable, mask)`` pairs; a variable
+that no pair names trains in full.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from refimpl.masks import check_pairs, mask_constant, pair_masks
+
+__all__ = ["MaskedOptimizer", "apply_masked_gradients", "mask_gradients"]
+
+_BASE_OPTIONS = {
+    "weight_decay": None,
+    "clipnorm": None,
+    "global_clipnorm": None,
+    "clipvalue": None,
+    "use_ema": False,
+    "ema_momentum": 0.99,
+    "ema_overwrite_frequency": None,
+    "loss_scale_factor": None,
+    "gradient_accumulation_steps": None,
+}
+
+
+@keras.saving.register_keras_serializable(package="refimpl")
+class MaskedOptimizer(keras.optimizers.Optimizer):
+    """Wrap a Keras optimizer so that only the entries in each mask are updated.
+
+    Every option of the update (learning rate and its schedule, clipping,
+    ``weight_decay``, EMA, ``gradient_accumulation_steps``,
+    ``loss_scale_factor``) belongs to the inner optimizer; the wrapper refuses
+    them, as ``LossScaleOptimizer`` does. ``learning_rate`` and
+    ``iterations`` are the inner optimizer's, so callbacks such as
+    ``ReduceLROnPlateau`` work. The masks are saved with the optimizer's
+    variables (in ``.keras`` and checkpoint files), never in its config.
+
+    Args:
+        optimizer: the inner Keras optimizer, or its name (``"adam"``).
+        masks: a list of ``(variable, mask)`` pairs. A boolean mask (or index
+            list) marks the trainable entries; a floating-point mask in
+            [0, 1] scales each entry's update. Variables not listed train in
+            full.
+        restore_frozen: write the frozen entries (mask ``False`` or 0.0) back
+            after every update, and after EMA finalization: exact under every
+            optimizer, for one copy of each masked variable per step.
+        name: the optimizer's name.
+
+    Raises:
+        TypeError: for an inner object that is not a Keras optimizer, masks
+            that are not ``(variable, mask)`` pairs, or a non-bool
+            ``restore_frozen``.
+        ValueError: for an option that belongs to the inner optimizer, a mask
+            that does not fit its variable, or (when built) a masked variable
+            that is not being trained.
+
+    >>> w = keras.Variable([1.0, 1.0, 1.0])
+    >>> opt = MaskedOptimizer(keras.optimizers.AdamW(0.1), [(w, [True, False, True])],
+    ...                       restore_frozen=True)
+    >>> opt.apply([keras.ops.ones(3)], [w])
+    >>> keras.ops.convert_to_numpy(w).round(3)  # the middle entry keeps its bits
+    array([0.9, 1. , 0.9], dtype=float32)
+    """
+
+    def __init__(
+        self,
+        optimizer,
+        masks=None,
+        *,
+        restore_frozen: bool = False,
+        name: str | None = None,
+        **kwargs,
+    ):
+        for option, default in _BASE_OPTIONS.items():
+            if option in kwargs and kwargs.pop(option) != default:
+                raise ValueError(
+                    f"`{option}` belongs to the inner optimizer: set it there, "
+                    f"for example keras.optimizers.AdamW(..., {option}=...). "
+                    f"MaskedOptimizer only filters the update. Received: "
+                    f"{option} on the MaskedOptimizer"
+                )
+        saved = kwargs.pop("masked_variables", None)
+        if kwargs:
+            raise TypeError(
+                f"MaskedOptimizer got unexpected arguments: {sorted(kwargs)}"
+            )
+        if isinstance(optimizer, str):
+            optimizer = keras.optimizers.get(optimizer)
+        if not isinstance(optimizer, keras.optimizers.Optimizer):
+            raise TypeError(
+                "`optimizer` must be a Keras optimizer, such as "
+                f"keras.optimizers.Adam(1e-3). Received: optimizer={optimizer!r}"
+            )
+        if not isinstance(restore_frozen, bool):
+            raise TypeError(
+                "`restore_frozen` must be True or False. "
+                f"Received: restore_frozen={restore_frozen!r}"
+            )
+        if masks is None and saved is None:
+            raise TypeError(
+                "`masks` must be a list of (variable, mask) pairs. Received: masks=None"
+            )
+        super().__init__(learning_rate=0.0, name=name)
+        self.inner_optimizer = optimizer
+        self.restore_frozen = restore_frozen
+        # A plain holder: a list attribute holding variables would be tracked,
+        # and the model's variables would become the optimizer's own.
+        self._given = _Untracked(None if masks is None else check_pairs(masks))
+        if self._pairs is not None:
+            # Validate every mask now, against its own variable.
+            pair_masks(self._pairs, [v for v, _ in self._pairs], scales=True)
+        self._saved = saved
+        self._mask_of: dict[str, keras.Variable] = {}
+        self._scaled: set[str] = set()
+
+    @property
+    def _pairs(self):
+        return self._given.value
+
+    @property
+    def inner(self):
+        """The wrapped optimizer (an alias of ``inner_optimizer``)."""
+        return self.inner_optimizer
+
+    def build(self, var_list):
+        if self.built:
+            return
+        var_list = list(var_list)
+        arrays = self._masks_for(var_list)
+        self._mask_variables = []
+        self._masked_indices = []
+        for index, (variable, array) in enumerate(zip(var_list, arrays, strict=True)):
+            if array is None:
+                continue
+            mask = self.add_variable(
+                shape=array.shape,
+                dtype="float32",
+                initializer=_constant(array),
+                aggregation="none",
+                name=f"mask_{len(self._mask_variables)}",
+            )
+            self._mask_variables.append(mask)
+            self._masked_indices.append(index)
+            self._mask_of[self._var_key(variable)] = mask
+            if ((array > 0) & (array < 1)).any():
+                self._scaled.add(self._var_key(variable))
+        self.inner_optimizer.build(var_list)
+        super().build(var_list)
+
+    def _masks_for(self, var_list):
+        if self._pairs is not None:
+            return pair_masks(self._pairs, var_list, scales=True)
+        out = [None] * len(var_list)
+        for entry in self._saved:
+            index = entry.get("index")
+            if index is None or index >= len(var_list):
+                index = _find_path(entry["path"], var_list)
+            shape = tuple(entry["shape"])
+            if tuple(var_list[index].shape) != shape:
+                raise ValueError(
+                    f"The saved mask for '{entry['path']}' has shape {shape}, but "
+                    f"the variable it is matched to has shape "
+                    f"{tuple(var_list[index].shape)}"
+                )
+            out[index] = np.ones(shape, np.float32)  # the values are loaded
+            if entry.get("scaled"):
+                out[index][...] = 0.5
+        return out
+
+    def load_own_variables(self, store):
+        super().load_own_variables(store)
+        for variable, mask in zip(
+            self._trainable_variables, self._ordered_masks(), strict=True
+        ):
+            key = self._var_key(variable)
+            if mask is not None:
+                values = keras.ops.convert_to_numpy(mask)
+                if ((values > 0) & (values < 1)).any():
+                    self._scaled.add(key)
+                else:
+                    self._scaled.discard(key)
+
+    def _ordered_masks(self):
+        return [self._mask_of.get(self._var_key(v)) for v in self._trainable_variables]
+
+    @property
+    def variables(self):
+        return self._variables + self.inner_optimizer.variables
+
+    def apply(self, grads, trainable_variables=None):
+        if trainable_variables is None:
+            if not self.built:
+                raise ValueError(
+                    "Pass the variables with the first gradients, or call "
+                    "`optimizer.build(variables)` first"
+                )
+            trainable_variables = self._trainable_variables
+        trainable_variables = list(trainable_variables)
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
+            self.built = True
+        masks, scaled = [], []
+        for variable in trainable_variables:
+            key = self._var_key(variable)
+            mask = self._mask_of.get(key)
+            masks.append(None if mask is None else mask.value)
+            scaled.append(key in self._scaled)
+        _masked_step(
+            self.inner_optimizer,
+            list(grads),
+            trainable_variables,
+            masks,
+            scaled,
+            self.restore_frozen,
+        )
+
+    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+        raise NotImplementedError(
+            "MaskedOptimizer runs on the TensorFlow backend; "
+            "stateless_apply (JAX) is not supported yet"
+        )
+
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate):
+        if hasattr(self, "inner_optimizer"):
+            self.inner_optimizer.learning_rate = learning_rate
+
+    @property
+    def iterations(self):
+        return self.inner_optimizer.iterations
+
+    def scale_loss(self, loss):
+        return self.inner_optimizer.scale_loss(loss)
+
+    def finalize_variable_values(self, var_list):
+        var_list = list(var_list)
+        keep = []
+        if self.restore_frozen:
+            for variable in var_list:
+                mask = self._mask_of.get(self._var_key(variable))
+                if mask is not None:
+                    keep.append((variable, mask, keras.ops.copy(variable.value)))
+        self.inner_optimizer.finalize_variable_values(var_list)
+        for variable, mask, saved in keep:
+            value = keras.ops.convert_to_tensor(variable)
+            variable.assign(
+                keras.ops.where(mask.value > 0, value, keras.ops.cast(saved, value.dtype))
+            )
+
+    def get_config(self) -> dict:
+        if self.built:
+            entries = [
+                {
+                    "index": i,
+                    "path": _path(self._trainable_variables[i]),
+                    "shape": list(self._trainable_variables[i].shape),
+                    "scaled": self._var_key(self._trainable_variables[i])
+                    in self._scaled,
+                }
+                for i in self._masked_indices
+            ]
+        elif self._pairs is not None:
+            arrays = pair_masks(self._pairs, [v for v, _ in self._pairs], scales=True)
+            entries = [
+                {
+                    "index": None,
+                    "path": _path(v),
+                    "shape": list(v.shape),
+                    "scaled": bool(((a > 0) & (a < 1)).any()),
+                }
+                for (v, _), a in zip(self._pairs, arrays, strict=True)
+            ]
+        else:
+            entries = list(self._saved)
+        return {
+            "name": self.name,
+            "optimizer": keras.optimizers.serialize(self.inner_optimizer),
+            "restore_frozen": self.restore_frozen,
+            "masked_variables": entries,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        inner = keras.optimizers.deserialize(
+            config.pop("optimizer"), custom_objects=custom_objects
+        )
+        return cls(inner, **config)
+
+
+def mask_gradients(grads_and_vars, masks) -> list[tuple]:
+    """Zero the gradient of every frozen entry.
+
+    Args:
+        grads_and_vars: ``(gradient, variable)`` pairs, as passed to
+            ``optimizer.apply_gradients``.
+        masks: a list of ``(variable, mask)`` pairs (``True`` = trainable);
+            variables that no pair names keep their gradient.
+
+    Returns:
+        A new list of ``(gradient, variable)`` pairs: each gradient equal to
+        the original at trainable entries and exactly ``0.0`` at frozen ones
+        (even where it was NaN).
+
+    Raises:
+        TypeError: for pairs that are not pairs, or a non-variable.
+        ValueError: for a ``None`` gradient of a masked variable, a mask that
+            does not fit, or a masked variable that is not in
+            ``grads_and_vars``.
+
+    >>> w = tf.Variable([1.0, 2.0])
+    >>> [(g, _)] = mask_gradients([(tf.constant([3.0, 4.0]), w)], [(w, [True, False])])
+    >>> g.numpy()
+    array([3., 0.], dtype=float32)
+    """
+    grads, variables = _split(grads_and_vars)
+    arrays = pair_masks(masks, variables)
+    out = []
+    for i, (grad, variable, mask) in enumerate(
+        zip(grads, variables, arrays, strict=True)
+    ):
+        if mask is not None and grad is None:
+            raise ValueError(
+                f"The gradient of the masked variable '{_path(variable)}' "
+                f"(grads_and_vars[{i}]) is None: the loss does not depend on it. "
+                "Compute the loss from the variable inside the tape."
+            )
+        masked = grad if mask is None else _mask_one(grad, mask_constant(mask))
+        out.append((masked, variable))
+    return out
+
+
+def apply_masked_gradients(
+    optimizer, grads_and_vars, masks, *, restore_frozen: bool = False
+) -> None:
+    """Mask the gradients, apply them, and optionally restore frozen entries.
+
+    One step of :class:`MaskedOptimizer`, for a custom loop with an optimizer
+    you already have. Works eagerly, in ``tf.function`` and under
+    ``tf.distribute`` (in replica context).
+
+    Args:
+        optimizer: a Keras optimizer.
+        grads_and_vars: ``(gradient, variable)`` pairs.
+        masks: a list of ``(variable, mask)`` pairs; a floating-point mask in
+            [0, 1] scales each entry's update.
+        restore_frozen: write the frozen entries back after the update
+            (exact under every optimizer).
+
+    Raises:
+        TypeError: for an optimizer that is not a Keras optimizer, pairs that
+            are not pairs, a non-variable, or a non-bool ``restore_frozen``.
+        ValueError: for a ``None`` gradient of a masked variable, or a mask
+            that does not fit.
+
+    >>> x = tf.Variable([3.0, 2.0])
+    >>> apply_masked_gradients(
+    ...     keras.optimizers.SGD(0.1), [(tf.constant([2.0, 10.0]), x)],
+    ...     [(x, [True, False])])
+    >>> x.numpy()
+    array([2.8, 2. ], dtype=float32)
+    """
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            "`optimizer` must be a Keras optimizer, such as "
+            f"keras.optimizers.SGD(0.1). Received: optimizer={optimizer!r}"
+        )
+    if not isinstance(restore_frozen, bool):
+        raise TypeError(
+            "`restore_frozen` must be True or False. "
+            f"Received: restore_frozen={restore_frozen!r}"
+        )
+    grads, variables = _split(grads_and_vars)
+    if not variables:
+        return
+    arrays = pair_masks(masks, variables, scales=True)
+    for i, (grad, variable, mask) in enumerate(
+        zip(grads, variables, arrays, strict=True)
+    ):
+        if mask is not None and grad is None:
+            raise ValueError(
+                f"The gradient of the masked variable '{_path(variable)}' "
+                f"(grads_and_vars[{i}]) is None: the loss does not depend on it."
+            )
+    tensors = [None if a is None else tf.constant(a) for a in arrays]
+    scaled = [a is not None and bool(((a > 0) & (a < 1)).any()) for a in arrays]
+    _masked_step(optimizer, grads, variables, tensors, scaled, restore_frozen)
+
+
+def _masked_step(optimizer, grads, variables, masks, scaled, restore) -> None:
+    """Mask, apply with ``optimizer``, then restore or scale: the shared step."""
+    grads = [
+        g if m is None or g is None else _mask_one(g, m > 0)
+        for g, m in zip(grads, masks, strict=True)
+    ]
+    saved = [
+        keras.ops.copy(keras.ops.convert_to_tensor(v))
+        if m is not None and (restore or s)
+        else None
+        for v, m, s in zip(variables, masks, scaled, strict=True)
+    ]
+    optimizer.apply(grads, variables)
+    for variable, mask, old, scale in zip(variables, masks, saved, scaled, strict=True):
+        if old is None:
+            continue
+        new = keras.ops.convert_to_tensor(variable)
+        if scale:
+            fraction = keras.ops.cast(mask, new.dtype)
+            partial = old + fraction * (new - old)
+            value = keras.ops.where(mask >= 1, new, partial)
+            value = keras.ops.where(mask > 0, value, old)
+        else:
+            value = keras.ops.where(mask > 0, new, old)
+        _assign_on_every_replica(variable, value)
+
+
+def _mask_one(grad, keep):
+    """Zero ``grad`` where ``keep`` is False, with a select (NaN-safe)."""
+    if isinstance(grad, tf.IndexedSlices):
+        rows = tf.gather(keep, grad.indices)
+        values = tf.where(rows, grad.values, tf.zeros_like(grad.values))
+        return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
+    grad = keras.ops.convert_to_tensor(grad)
+    return keras.ops.where(keep, grad, keras.ops.zeros_like(grad))
+
+
+def _assign_on_every_replica(var, value) -> None:
+    """``var.assign(value)``, also correct inside ``strategy.run``.
+
+    In replica context a plain assign to a mirrored variable is aggregated by
+    the variable's ``aggregation`` (with ``SUM`` the replicas' writes add up).
+    Every replica computes the same restored value for its own copy, so the
+    write goes through a merge call that updates each copy with its replica's
+    value, whatever the aggregation.
+    """
+    if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+        var.assign(value)
+        return
+    tf_var = var.value if isinstance(var, keras.Variable) else var
+
+    def merge_fn(strategy, variable, per_replica_value):
+        strategy.extended.update(
+            variable, lambda v, x: v.assign(x), args=(per_replica_value,)
+        )
+
+    tf.distribute.get_replica_context().merge_call(merge_fn, args=(tf_var, value))
+
+
+def _split(grads_and_vars) -> tuple[list, list]:
+    if isinstance(grads_and_vars, (str, bytes)) or not hasattr(
+        grads_and_vars, "__iter__"
+    ):
+        raise TypeError(
+            "`grads_and_vars` must be a list of (gradient, variable) pairs. "
+            f"Received: grads_and_vars={grads_and_vars!r}"
+        )
+    grads, variables = [], []
+    for i, pair in enumerate(grads_and_vars):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise TypeError(
+                f"`grads_and_vars[{i}]` must be a (gradient, variable) pair. "
+                f"Received: grads_and_vars[{i}]={pair!r}"
+            )
+        if not isinstance(pair[1], (tf.Variable, keras.Variable)):
+            raise TypeError(
+                f"`grads_and_vars[{i}]` must hold a keras.Variable or "
+                "tf.Variable; an optimizer can only update variables (a slice "
+                "such as X[0] is a new tensor, not a view). Received an object "
+                f"of type {type(pair[1]).__name__}"
+            )
+        grads.append(pair[0])
+        variables.append(pair[1])
+    return grads, variables
+
+
+def _path(variable) -> str:
+    return str(getattr(variable, "path", None) or variable.name).removesuffix(":0")
+
+
+def _find_path(path: str, var_list) -> int:
+    """The index of the variable whose path is ``path``, allowing a prefix."""
+    for i, variable in enumerate(var_list):
+        own = _path(variable)
+        if own == path or own.endswith("/" + path) or path.endswith("/" + own):
+            return i
+    raise ValueError(
+        f"The saved MaskedOptimizer masks the variable '{path}', which the "
+        f"model being trained does not have. Its variables: "
+        f"{[_path(v) for v in var_list][:8]}"
+    )
+
+
+class _Untracked:
+    """Holds a value out of sight of Keras' attribute tracking."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _constant(array: np.ndarray):
+    return lambda shape, dtype=None: keras.ops.cast(array, dtype)
+
