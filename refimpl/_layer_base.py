@@ -4,14 +4,32 @@ from __future__ import annotations
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 
 class StructuredDense(keras.layers.Layer):
-    """``activation(x @ kernel + bias)``; subclasses say how ``x @ kernel`` runs."""
+    """``activation(x @ kernel + bias)``; subclasses say how ``x @ kernel`` runs.
+
+    The contract of a subclass:
+
+    * ``build`` creates the kernel's weights (only free values trainable) and
+      calls ``_build_bias``; arrays (masks, fixed values) are weights, never
+      ``get_config`` entries;
+    * ``_product(x, dtype)``, ``_kernel(dtype)``, ``_trainable_mask()`` and
+      ``_units_for(n)`` say how the kernel is used, built and shaped;
+    * ``from_dense(dense, ...)`` copies a built ``keras.layers.Dense``;
+      ``to_dense()`` (here) returns one.
+    """
 
     def __init__(
-        self, *, activation, use_bias, kernel_initializer, bias_initializer, **kwargs
+        self,
+        *,
+        activation,
+        use_bias,
+        kernel_initializer,
+        bias_initializer,
+        bias_regularizer=None,
+        bias_constraint=None,
+        **kwargs,
     ):
         super().__init__(**kwargs)
         if not isinstance(use_bias, bool):
@@ -22,24 +40,30 @@ class StructuredDense(keras.layers.Layer):
         self.use_bias = use_bias
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        self.bias_constraint = keras.constraints.get(bias_constraint)
         self.input_spec = keras.layers.InputSpec(min_ndim=2)
 
     def _build_bias(self, input_dim: int, units: int) -> None:
         self.bias = None
         if self.use_bias:
             self.bias = self.add_weight(
-                name="bias", shape=(units,), initializer=self.bias_initializer
+                name="bias",
+                shape=(units,),
+                initializer=self.bias_initializer,
+                regularizer=self.bias_regularizer,
+                constraint=self.bias_constraint,
             )
         self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: input_dim})
 
     def call(self, inputs):
         y = self._product(inputs, self.compute_dtype)
         if self.bias is not None:
-            y = y + tf.cast(self.bias, self.compute_dtype)
+            y = y + keras.ops.cast(self.bias, self.compute_dtype)
         return self.activation(y) if self.activation is not None else y
 
     @property
-    def kernel(self) -> tf.Tensor:
+    def kernel(self):
         """The dense kernel ``[input_dim, units]``, in the variable dtype."""
         if not self.built:
             raise AttributeError("Build the layer before reading its `kernel`.")
@@ -52,6 +76,40 @@ class StructuredDense(keras.layers.Layer):
             raise AttributeError("Build the layer before reading `trainable_mask`.")
         return self._trainable_mask()
 
+    def to_dense(self) -> keras.layers.Dense:
+        """Return a plain ``keras.layers.Dense`` with this layer's kernel and bias.
+
+        The Dense layer has the same name, dtype policy, activation, bias
+        regularizer and constraint, and activity regularizer. Its kernel and
+        bias equal this layer's bit for bit; so do its outputs wherever this
+        layer's product is a plain matmul (:class:`PartialDense`); the
+        structured products (diagonal, band, blocks) add in another order, so
+        there the outputs agree to rounding.
+
+        Raises:
+            ValueError: if the layer is not built.
+        """
+        if not self.built:
+            raise ValueError(
+                f"Build the layer before calling `to_dense()`. Received: {self.name!r}"
+            )
+        kernel = keras.ops.convert_to_numpy(self.kernel)
+        dense = keras.layers.Dense(
+            kernel.shape[1],
+            activation=self.activation,
+            use_bias=self.use_bias,
+            bias_regularizer=self.bias_regularizer,
+            bias_constraint=self.bias_constraint,
+            activity_regularizer=self.activity_regularizer,
+            dtype=self.dtype_policy,
+            name=self.name,
+        )
+        dense.build((None, kernel.shape[0]))
+        dense.kernel.assign(kernel)
+        if self.use_bias:
+            dense.bias.assign(self.bias)
+        return dense
+
     def compute_output_shape(self, input_shape):
         return (*input_shape[:-1], self._units_for(input_shape[-1]))
 
@@ -61,8 +119,59 @@ class StructuredDense(keras.layers.Layer):
             "use_bias": self.use_bias,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
+            "bias_constraint": keras.constraints.serialize(self.bias_constraint),
         }
         return {**super().get_config(), **config}
+
+
+def dense_arguments(dense, name: str = "dense") -> tuple[np.ndarray, dict]:
+    """Check a built ``keras.layers.Dense``; return its kernel and layer arguments.
+
+    Raises:
+        TypeError: if ``dense`` is not a built ``keras.layers.Dense``.
+        ValueError: if it has a kernel regularizer or kernel constraint, which
+            a layer built from free values cannot carry over unchanged.
+    """
+    if not isinstance(dense, keras.layers.Dense) or not dense.built:
+        raise TypeError(
+            f"`{name}` must be a built keras.layers.Dense. Received: {name}={dense!r}"
+        )
+    for option in ("kernel_regularizer", "kernel_constraint"):
+        if getattr(dense, option) is not None:
+            raise ValueError(
+                f"`{name}` has a {option}, which refimpl's layers do not "
+                "carry over: their kernel is built from free values. Remove it "
+                f"(or use a bias/activity regularizer). Received: "
+                f"{option}={getattr(dense, option)!r}"
+            )
+    kwargs = {
+        "activation": dense.activation,
+        "use_bias": dense.use_bias,
+        "bias_regularizer": dense.bias_regularizer,
+        "bias_constraint": dense.bias_constraint,
+        "activity_regularizer": dense.activity_regularizer,
+        "dtype": dense.dtype_policy,
+        "name": dense.name,
+    }
+    return keras.ops.convert_to_numpy(dense.kernel), kwargs
+
+
+def check_outside(kernel: np.ndarray, keep: np.ndarray, project: bool, what: str):
+    """Refuse a kernel with non-zero entries outside ``keep``, unless ``project``."""
+    outside = kernel[~keep]
+    if not project and outside.size and (outside != 0).any():
+        raise ValueError(
+            f"`dense` has {int((outside != 0).sum())} non-zero kernel entries "
+            f"outside the {what} (largest magnitude "
+            f"{float(np.abs(outside).max()):.3g}); the new layer cannot hold "
+            "them. Pass `project=True` to drop them."
+        )
+
+
+def copy_bias(layer, dense) -> None:
+    if dense.use_bias:
+        layer.bias.assign(dense.bias)
 
 
 def input_dim(input_shape) -> int:
@@ -115,7 +224,12 @@ def block_sizes(sizes, count: int, name: str):
 
 
 def parse_grid(blocks, row_sizes, col_sizes):
-    """Validate a block grid; return it (arrays, None, "trainable") and sizes."""
+    """Validate a block grid; return it (arrays, None, strings) and sizes.
+
+    A string entry is ``"trainable"`` or ``"fixed"`` (a fixed block whose
+    values come with the saved weights); both need their sizes from the
+    other blocks or from ``row_sizes``/``col_sizes``.
+    """
     if not (
         isinstance(blocks, (list, tuple))
         and blocks
@@ -130,9 +244,9 @@ def parse_grid(blocks, row_sizes, col_sizes):
     for i, row in enumerate(blocks):
         grid.append([])
         for j, b in enumerate(row):
-            if isinstance(b, str) and b != "trainable":
+            if isinstance(b, str) and b not in ("trainable", "fixed"):
                 raise ValueError(
-                    f"A block is None, 'trainable' or a 2-D array. "
+                    f"A block is None, 'trainable', 'fixed' or a 2-D array. "
                     f"Received: blocks[{i}][{j}]={b!r}"
                 )
             if b is not None and not isinstance(b, str):
@@ -170,24 +284,3 @@ def parse_grid(blocks, row_sizes, col_sizes):
                 f"is unknown; give it in `{arg}`. Received: {arg}=None"
             )
     return grid, heights, widths
-
-
-def array_shape(mask) -> tuple[int, ...] | None:
-    """The shape of a boolean or 0/1 float mask; ``None`` for index lists."""
-    try:
-        array = np.asarray(mask.numpy() if hasattr(mask, "numpy") else mask)
-    except (TypeError, ValueError):
-        return None  # to_mask reports it, with the tensor's shape, when built
-    if array.size and (array.dtype == bool or np.issubdtype(array.dtype, np.floating)):
-        return array.shape
-    return None
-
-
-def listed(value):
-    if hasattr(value, "numpy"):
-        value = value.numpy()
-    if isinstance(value, (np.ndarray, np.generic)):
-        return value.tolist()
-    if isinstance(value, (list, tuple)):
-        return [listed(v) for v in value]
-    return value

@@ -10,8 +10,10 @@ Like ``Dense``, each computes ``activation(x @ kernel + bias)``;
 :func:`refimpl.assert_frozen`. :class:`PartialDense` (any mask over a frozen
 base, in :mod:`refimpl.partial_dense`) is importable from here too.
 
-Fixed values (a fixed diagonal, fixed blocks) are constructor arguments, so
-they are part of ``get_config`` and of a ``.keras`` file's config.
+Fixed values (a fixed diagonal, fixed blocks) are non-trainable weights, so
+they live in the weights file and never in ``get_config``. Every layer has
+``from_dense`` (copy a built ``keras.layers.Dense``) and ``to_dense`` (return
+one), and :func:`refimpl.merge` folds a whole model back into plain Keras.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ import tensorflow as tf
 
 from refimpl._layer_base import (
     StructuredDense,
+    check_outside,
+    copy_bias,
+    dense_arguments,
     float_array,
     input_dim,
-    listed,
     non_negative_int,
     parse_grid,
 )
@@ -69,6 +73,8 @@ class DiagonalDense(StructuredDense):
         use_bias=False,
         kernel_initializer="ones",
         bias_initializer="zeros",
+        bias_regularizer=None,
+        bias_constraint=None,
         **kwargs,
     ):
         super().__init__(
@@ -76,8 +82,40 @@ class DiagonalDense(StructuredDense):
             use_bias=use_bias,
             kernel_initializer=kernel_initializer,
             bias_initializer=bias_initializer,
+            bias_regularizer=bias_regularizer,
+            bias_constraint=bias_constraint,
             **kwargs,
         )
+
+    @classmethod
+    def from_dense(cls, dense, *, project: bool = False) -> DiagonalDense:
+        """Copy a built square ``keras.layers.Dense`` whose kernel is diagonal.
+
+        Args:
+            dense: the layer to copy (name, dtype policy, activation, bias and
+                its regularizer and constraint, activity regularizer).
+            project: drop non-zero entries off the diagonal instead of
+                refusing them.
+
+        Raises:
+            TypeError: if ``dense`` is not a built ``keras.layers.Dense``.
+            ValueError: for a kernel that is not square, non-zero entries off
+                the diagonal (unless ``project``), or a kernel regularizer or
+                constraint.
+
+        >>> dense = keras.layers.Dense(3, kernel_initializer="identity")
+        >>> dense.build((None, 3))
+        >>> DiagonalDense.from_dense(dense).count_params()
+        6
+        """
+        kernel, kwargs = dense_arguments(dense)
+        n = _square(kernel)
+        check_outside(kernel, np.eye(n, dtype=bool), project, "diagonal")
+        layer = cls(**kwargs)
+        layer.build((None, n))
+        layer.diagonal.assign(np.diagonal(kernel))
+        copy_bias(layer, dense)
+        return layer
 
     def build(self, input_shape):
         n = input_dim(input_shape)
@@ -113,7 +151,10 @@ class BandedDense(StructuredDense):
         lower: number of trainable diagonals below the main one, ``>= 0``.
         upper: number of trainable diagonals above the main one, ``>= 0``.
         fixed_diagonal: ``None`` for a trainable main diagonal, or its fixed
-            value: a number, or a list of ``n`` numbers.
+            value: a number, or a list of ``n`` numbers. It is kept in a
+            non-trainable weight ``fixed_diagonal``. (``"from_weights"``
+            builds that weight with zeros, for values loaded with saved
+            weights: what ``from_config`` does.)
         activation: as for ``keras.layers.Dense``.
         use_bias: add a trainable bias (default ``False``).
         kernel_initializer: for ``off_diagonals`` (default ``"zeros"``).
@@ -129,7 +170,7 @@ class BandedDense(StructuredDense):
 
     >>> layer = BandedDense(1, 1, fixed_diagonal=1.0)
     >>> layer.build((None, 4))
-    >>> layer.count_params()  # 3 + 3 off-diagonal values; the diagonal is fixed
+    >>> sum(int(np.prod(w.shape)) for w in layer.trainable_weights)  # 3 + 3
     6
     """
 
@@ -144,6 +185,8 @@ class BandedDense(StructuredDense):
         kernel_initializer="zeros",
         diagonal_initializer="ones",
         bias_initializer="zeros",
+        bias_regularizer=None,
+        bias_constraint=None,
         **kwargs,
     ):
         super().__init__(
@@ -151,14 +194,15 @@ class BandedDense(StructuredDense):
             use_bias=use_bias,
             kernel_initializer=kernel_initializer,
             bias_initializer=bias_initializer,
+            bias_regularizer=bias_regularizer,
+            bias_constraint=bias_constraint,
             **kwargs,
         )
         self.lower = non_negative_int(lower, "lower")
         self.upper = non_negative_int(upper, "upper")
-        self.fixed_diagonal = fixed_diagonal
         self._fixed = (
-            None
-            if fixed_diagonal is None
+            fixed_diagonal
+            if fixed_diagonal is None or fixed_diagonal == "from_weights"
             else float_array(fixed_diagonal, "fixed_diagonal", max_ndim=1)
         )
         self.diagonal_initializer = keras.initializers.get(diagonal_initializer)
@@ -172,7 +216,8 @@ class BandedDense(StructuredDense):
                     f"matrix has {n - 1} diagonals on each side. Received: "
                     f"{name}={width}"
                 )
-        if self._fixed is not None and self._fixed.ndim == 1 and len(self._fixed) != n:
+        fixed = isinstance(self._fixed, np.ndarray)
+        if fixed and self._fixed.ndim == 1 and len(self._fixed) != n:
             raise ValueError(
                 f"`fixed_diagonal` must be a number or {n} numbers, one per "
                 f"input feature. Received {len(self._fixed)} numbers"
@@ -186,22 +231,61 @@ class BandedDense(StructuredDense):
                 shape=(sum(n - abs(k) for k in self._off),),
                 initializer=self.kernel_initializer,
             )
-        self.diagonal = None
-        if self._fixed is None:
+        self.diagonal = self.fixed_diagonal = None
+        if self._fixed is not None:
+            start = np.zeros(n) if not fixed else np.broadcast_to(self._fixed, (n,))
+            self.fixed_diagonal = self.add_weight(
+                name="fixed_diagonal",
+                shape=(n,),
+                initializer=keras.initializers.Constant(start.tolist()),
+                trainable=False,
+            )
+        else:
             self.diagonal = self.add_weight(
                 name="diagonal", shape=(n,), initializer=self.diagonal_initializer
             )
         self._build_bias(n, n)
+
+    @classmethod
+    def from_dense(
+        cls, dense, lower: int, upper: int, *, project: bool = False
+    ) -> BandedDense:
+        """Copy a built square ``keras.layers.Dense`` whose kernel is a band.
+
+        The main diagonal and the ``lower`` and ``upper`` diagonals around it
+        become trainable weights.
+
+        Raises:
+            TypeError: if ``dense`` is not a built ``keras.layers.Dense``.
+            ValueError: for a kernel that is not square, bad widths, non-zero
+                entries outside the band (unless ``project``), or a kernel
+                regularizer or constraint.
+
+        >>> dense = keras.layers.Dense(3, kernel_initializer="identity")
+        >>> dense.build((None, 3))
+        >>> BandedDense.from_dense(dense, 1, 0).count_params()  # 3 + 2 + 3 bias
+        8
+        """
+        kernel, kwargs = dense_arguments(dense)
+        n = _square(kernel)
+        layer = cls(lower, upper, **kwargs)
+        layer.build((None, n))
+        check_outside(kernel, layer.trainable_mask, project, "band")
+        layer.diagonal.assign(np.diagonal(kernel))
+        if layer._off:
+            layer.off_diagonals.assign(
+                np.concatenate([np.diagonal(kernel, k) for k in layer._off])
+            )
+        copy_bias(layer, dense)
+        return layer
 
     def _units_for(self, n):
         return n
 
     def _diagonals(self, dtype):
         """The band as (diagonals, offsets), for :mod:`refimpl.structured`."""
-        if self._fixed is None:
-            main = tf.cast(self.diagonal, dtype)
-        else:
-            main = tf.cast(np.broadcast_to(self._fixed, (self._n,)), dtype)
+        main = self.diagonal if self._fixed is None else self.fixed_diagonal
+        main = tf.cast(main, dtype)
         diagonals, offsets = [main], [0]
         if self._off:
             sizes = [self._n - abs(k) for k in self._off]
@@ -225,7 +309,7 @@ class BandedDense(StructuredDense):
         config = {
             "lower": self.lower,
             "upper": self.upper,
-            "fixed_diagonal": listed(self.fixed_diagonal),
+            "fixed_diagonal": None if self._fixed is None else "from_weights",
             "diagonal_initializer": keras.initializers.serialize(
                 self.diagonal_initializer
             ),
@@ -244,7 +328,10 @@ class BlockDense(StructuredDense):
     Args:
         blocks: a rectangular list of block rows. Each entry is ``None`` (a
             zero block), ``"trainable"`` (a trainable block drawn by
-            ``kernel_initializer``), or a 2-D array of fixed values.
+            ``kernel_initializer``), or a 2-D array of fixed values, kept in a
+            non-trainable weight ``fixed_i_j``. (``"fixed"`` is a fixed block
+            of zeros whose values come with saved weights: what
+            ``from_config`` builds.)
         row_sizes: the height of each block row (input features); needed only
             for a row without a fixed block, checked against the others.
         col_sizes: the width of each block column (output units); likewise.
@@ -276,6 +363,8 @@ class BlockDense(StructuredDense):
         use_bias=False,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
+        bias_regularizer=None,
+        bias_constraint=None,
         **kwargs,
     ):
         super().__init__(
@@ -283,11 +372,10 @@ class BlockDense(StructuredDense):
             use_bias=use_bias,
             kernel_initializer=kernel_initializer,
             bias_initializer=bias_initializer,
+            bias_regularizer=bias_regularizer,
+            bias_constraint=bias_constraint,
             **kwargs,
         )
-        self.blocks = blocks
-        self.row_sizes = row_sizes
-        self.col_sizes = col_sizes
         self._grid, self._heights, self._widths = parse_grid(
             blocks, row_sizes, col_sizes
         )
@@ -302,14 +390,77 @@ class BlockDense(StructuredDense):
             )
         for i, row in enumerate(self._grid):
             for j, entry in enumerate(row):
-                if isinstance(entry, str):
+                shape = (self._heights[i], self._widths[j])
+                if isinstance(entry, str) and entry == "trainable":
                     weight = self.add_weight(
                         name=f"block_{i}_{j}",
-                        shape=(self._heights[i], self._widths[j]),
+                        shape=shape,
                         initializer=self.kernel_initializer,
                     )
                     setattr(self, f"block_{i}_{j}", weight)  # tracked by name
+                elif entry is not None:
+                    start = np.zeros(shape) if isinstance(entry, str) else entry
+                    weight = self.add_weight(
+                        name=f"fixed_{i}_{j}",
+                        shape=shape,
+                        initializer=keras.initializers.Constant(start.tolist()),
+                        trainable=False,
+                    )
+                    setattr(self, f"fixed_{i}_{j}", weight)
         self._build_bias(n, sum(self._widths))
+
+    @classmethod
+    def from_dense(
+        cls, dense, layout, *, row_sizes, col_sizes, project: bool = False
+    ) -> BlockDense:
+        """Copy a built ``keras.layers.Dense`` into a grid of blocks.
+
+        Args:
+            dense: the layer to copy.
+            layout: a rectangular list of block rows; each entry ``None``
+                (the block must be zero), ``"trainable"`` or ``"fixed"``
+                (copied from the kernel).
+            row_sizes: the height of each block row; they sum to the input size.
+            col_sizes: the width of each block column; they sum to the units.
+            project: drop non-zero entries of ``None`` blocks instead of
+                refusing them.
+
+        Raises:
+            TypeError: if ``dense`` is not a built ``keras.layers.Dense``.
+            ValueError: for a layout that does not fit the kernel, non-zero
+                entries in a ``None`` block (unless ``project``), or a kernel
+                regularizer or constraint.
+
+        >>> dense = keras.layers.Dense(4)
+        >>> dense.build((None, 4))
+        >>> layout = [["fixed", None], [None, "trainable"]]
+        >>> layer = BlockDense.from_dense(
+        ...     dense, layout, row_sizes=[2, 2], col_sizes=[2, 2], project=True
+        ... )
+        >>> [w.name for w in layer.trainable_weights]
+        ['block_1_1', 'bias']
+        """
+        kernel, kwargs = dense_arguments(dense)
+        layer = cls(layout, row_sizes=row_sizes, col_sizes=col_sizes, **kwargs)
+        if (sum(layer._heights), sum(layer._widths)) != kernel.shape:
+            raise ValueError(
+                f"`row_sizes` and `col_sizes` must sum to the kernel's shape "
+                f"{kernel.shape}. Received: row_sizes={row_sizes}, "
+                f"col_sizes={col_sizes}"
+            )
+        layer.build((None, kernel.shape[0]))
+        rows = np.cumsum([0, *layer._heights])
+        cols = np.cumsum([0, *layer._widths])
+        keep = np.zeros(kernel.shape, bool)
+        for i, row in enumerate(layer._grid):
+            for j, b in enumerate(row):
+                part = kernel[rows[i] : rows[i + 1], cols[j] : cols[j + 1]]
+                if b is not None:
+                    keep[rows[i] : rows[i + 1], cols[j] : cols[j + 1]] = True
+                    getattr(layer, f"{_kind(b)}_{i}_{j}").assign(part)
+        check_outside(kernel, keep, project, "non-zero blocks")
+        copy_bias(layer, dense)
+        return layer
 
     def _units_for(self, n):
         return sum(self._widths)
@@ -320,9 +471,7 @@ class BlockDense(StructuredDense):
             [
                 None
                 if b is None
-                else tf.cast(
-                    getattr(self, f"block_{i}_{j}") if isinstance(b, str) else b, dtype
-                )
+                else tf.cast(getattr(self, f"{_kind(b)}_{i}_{j}"), dtype)
                 for j, b in enumerate(row)
             ]
             for i, row in enumerate(self._grid)
@@ -337,15 +486,40 @@ class BlockDense(StructuredDense):
     def _trainable_mask(self):
         return np.block(
             [
-                [np.full((h, w), isinstance(b, str)) for b, w in zip(row, self._widths)]
+                [
+                    np.full((h, w), _kind(b) == "block")
+                    for b, w in zip(row, self._widths)
+                ]
                 for row, h in zip(self._grid, self._heights)
             ]
         )
 
     def get_config(self) -> dict:
+        layout = [
+            [None if b is None else "trainable" if _kind(b) == "block" else "fixed"]
+            for row in self._grid
+            for b in row
+        ]
+        width = len(self._widths)
         config = {
-            "blocks": [[listed(b) for b in row] for row in self.blocks],
-            "row_sizes": listed(self.row_sizes),
-            "col_sizes": listed(self.col_sizes),
+            "blocks": [
+                sum(layout[r : r + width], []) for r in range(0, len(layout), width)
+            ],
+            "row_sizes": list(self._heights),
+            "col_sizes": list(self._widths),
         }
         return {**super().get_config(), **config}
+
+
+def _kind(block) -> str:
+    """``"block"`` for a trainable block's weight name, ``"fixed"`` otherwise."""
+    return "block" if isinstance(block, str) and block == "trainable" else "fixed"
+
+
+def _square(kernel: np.ndarray) -> int:
+    if kernel.shape[0] != kernel.shape[1]:
+        raise ValueError(
+            "`dense` must be square (as many units as inputs) for this layer. "
+            f"Received a kernel of shape {kernel.shape}"
+        )
+    return kernel.shape[0]

@@ -276,7 +276,9 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         for variable, mask, saved in keep:
             value = keras.ops.convert_to_tensor(variable)
             variable.assign(
-                keras.ops.where(mask.value > 0, value, keras.ops.cast(saved, value.dtype))
+                keras.ops.where(
+                    mask.value > 0, value, keras.ops.cast(saved, value.dtype)
+                )
             )
 
     def get_config(self) -> dict:
@@ -531,4 +533,3 @@ class _Untracked:
 
 def _constant(array: np.ndarray):
     return lambda shape, dtype=None: keras.ops.cast(array, dtype)
-

@@ -1,21 +1,20 @@
 """A Dense layer of which only the kernel entries in a mask are trainable.
 
-:class:`PartialDense` is the Keras 3 layer form of
-:class:`refimpl.PartialVariable`: a frozen base (a non-trainable weight) and
-the free values (the only trainable kernel weight), joined in the forward pass
-by :func:`refimpl.variables.compose`. It is importable from
-:mod:`refimpl.layers` with the structured layers.
+:class:`PartialDense` is the layer form of :class:`refimpl.PartialVariable`:
+its kernel *is* one (a sub-layer named ``kernel``), so the frozen base, the
+free positions and the free values are weights, saved in the weights file and
+never in the config. It is importable from :mod:`refimpl.layers` with the
+structured layers.
 """
 
 from __future__ import annotations
 
 import keras
 import numpy as np
-import tensorflow as tf
 
-from refimpl._layer_base import StructuredDense, array_shape, input_dim, listed
-from refimpl.masks import mask_to_indices, to_mask
-from refimpl.variables import choose_mode, compose
+from refimpl._layer_base import StructuredDense, copy_bias, dense_arguments, input_dim
+from refimpl.masks import mask_shape, to_mask
+from refimpl.variables import PartialVariable
 
 __all__ = ["PartialDense"]
 
@@ -24,14 +23,13 @@ __all__ = ["PartialDense"]
 class PartialDense(StructuredDense):
     """A Dense layer of which only the kernel entries in a mask are trainable.
 
-    The kernel is a frozen ``base`` (a non-trainable weight of the kernel's
-    shape) with the free values written over it by
-    :func:`refimpl.variables.compose`. With ``mode="delta"`` (the default)
-    ``free`` holds exactly the ``k`` free values, in the row-major order of
-    the mask, and is the only trainable kernel weight. With ``mode="select"``
-    ``free`` is kernel-sized (faster when most entries are free, but
-    ``summary()`` then counts every entry); ``"auto"`` lets
-    :func:`refimpl.variables.choose_mode` pick by density.
+    The kernel is a :class:`refimpl.PartialVariable` (``layer.partial_kernel``):
+    a frozen base with the free values written over it. With ``mode="delta"``
+    (the default, exact under every optimizer) the only trainable kernel
+    weight holds exactly the ``k`` free values, in the row-major order of the
+    mask. ``mode="select"`` keeps a kernel-sized trainable weight with a
+    filtered update (``summary()`` then counts every entry); ``"auto"`` picks
+    by density (:func:`refimpl.choose_mode`).
 
     Args:
         units: the output size, a positive int.
@@ -41,30 +39,36 @@ class PartialDense(StructuredDense):
         use_bias: add a (fully trainable) bias (default ``True``).
         kernel_initializer: draws the whole starting kernel: the frozen
             entries and the free values' starting point.
-        bias_initializer: for the bias.
+        bias_initializer, bias_regularizer, bias_constraint: for the bias.
         mode: ``"delta"``, ``"select"`` or ``"auto"``.
+        num_free: only with ``trainable_mask=None``: the number of free
+            entries of a layer whose mask comes with its saved weights (what
+            ``from_config`` builds; the config holds no arrays).
         **kwargs: base ``Layer`` arguments.
 
     Raises:
-        ValueError, TypeError: for ``units`` that is not a positive int, an
-            unknown ``mode``, or (when built) a mask that does not fit.
+        TypeError, ValueError: for ``units`` that is not a positive int, an
+            unknown ``mode``, or a mask that does not fit.
 
     >>> layer = PartialDense(2, [[0, 0], [2, 1]], use_bias=False)
     >>> layer.build((None, 3))
     >>> [(w.name, tuple(w.shape), w.trainable) for w in layer.weights]
-    [('free', (2,), True), ('base', (3, 2), False)]
+    [('free', (2,), True), ('base', (3, 2), False), ('positions', (2,), False)]
     """
 
     def __init__(
         self,
         units: int,
-        trainable_mask,
+        trainable_mask=None,
         *,
         activation=None,
         use_bias=True,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
+        bias_regularizer=None,
+        bias_constraint=None,
         mode: str = "delta",
+        num_free: int | None = None,
         **kwargs,
     ):
         super().__init__(
@@ -72,6 +76,8 @@ class PartialDense(StructuredDense):
             use_bias=use_bias,
             kernel_initializer=kernel_initializer,
             bias_initializer=bias_initializer,
+            bias_regularizer=bias_regularizer,
+            bias_constraint=bias_constraint,
             **kwargs,
         )
         if isinstance(units, bool) or not isinstance(units, (int, np.integer)):
@@ -84,47 +90,64 @@ class PartialDense(StructuredDense):
             raise ValueError(
                 f"`mode` must be 'auto', 'delta' or 'select'. Received: mode={mode!r}"
             )
+        if trainable_mask is None and num_free is None:
+            raise ValueError(
+                "`trainable_mask` is required: a boolean mask of shape "
+                f"[input_dim, {int(units)}] or an index list of shape [k, 2]. "
+                "Received: trainable_mask=None"
+            )
+        if trainable_mask is not None and num_free is not None:
+            raise ValueError(
+                "Give `trainable_mask` or (for a layer rebuilt from a config) "
+                f"`num_free`, not both. Received: num_free={num_free!r}"
+            )
         self.units = int(units)
-        self._given_mask = trainable_mask
         self.mode = mode
-        mask_shape = array_shape(trainable_mask)
-        if mask_shape is not None and mask_shape[1:] != (self.units,):
+        self.num_free = num_free
+        self._given_mask = trainable_mask
+        shape = None if trainable_mask is None else mask_shape(trainable_mask)
+        if shape is not None and shape[1:] != (self.units,):
             raise ValueError(
                 f"`trainable_mask` must have shape [input_dim, {self.units}]. "
-                f"Received a mask of shape {mask_shape}"
+                f"Received a mask of shape {shape}"
             )
 
     def build(self, input_shape):
         n = input_dim(input_shape)
-        self._mask = to_mask(self._given_mask, (n, self.units), name="trainable_mask")
-        self._indices = mask_to_indices(self._mask)
-        self.resolved_mode = (
-            choose_mode(self._mask) if self.mode == "auto" else self.mode
-        )
-        initial = self.kernel_initializer((n, self.units), dtype=self.variable_dtype)
-        start = (
-            initial
-            if self.resolved_mode == "select"
-            else tf.gather_nd(initial, self._indices)
-        )
-        self.base = self.add_weight(
-            name="base",
-            shape=(n, self.units),
-            initializer=lambda *_, **__: initial,
-            trainable=False,
-        )
-        self.free = self.add_weight(
-            name="free", shape=tuple(start.shape), initializer=lambda *_, **__: start
-        )
+        if self._given_mask is None:
+            self.partial_kernel = PartialVariable(
+                shape=(n, self.units),
+                num_free=self.num_free,
+                mode="delta" if self.mode == "auto" else self.mode,
+                name="kernel",
+                dtype=self.variable_dtype,
+            )
+        else:
+            mask = to_mask(self._given_mask, (n, self.units), name="trainable_mask")
+            initial = self.kernel_initializer(
+                (n, self.units), dtype=self.variable_dtype
+            )
+            self.partial_kernel = PartialVariable(
+                keras.ops.convert_to_numpy(initial),
+                mask,
+                mode=self.mode,
+                name="kernel",
+                dtype=self.variable_dtype,
+            )
         self._build_bias(n, self.units)
 
     @classmethod
-    def from_dense(
-        cls, dense, trainable_mask, *, mode: str = "delta", name: str | None = None
-    ) -> PartialDense:
+    def from_dense(cls, dense, trainable_mask, *, mode: str = "delta") -> PartialDense:
         """Copy a built ``keras.layers.Dense``, leaving only ``trainable_mask`` free.
 
-        The new layer's kernel and bias equal the Dense layer's, bit for bit.
+        The new layer's kernel, bias and outputs equal the Dense layer's, bit
+        for bit; it keeps the Dense layer's name, dtype policy, activation and
+        bias/activity regularizers and constraints.
+
+        Raises:
+            TypeError: if ``dense`` is not a built ``keras.layers.Dense``.
+            ValueError: if it has a kernel regularizer or constraint, or the
+                mask does not fit its kernel.
 
         >>> dense = keras.layers.Dense(2)
         >>> dense.build((None, 3))
@@ -132,54 +155,71 @@ class PartialDense(StructuredDense):
         >>> bool(np.array_equal(layer.kernel, dense.kernel))
         True
         """
-        if not isinstance(dense, keras.layers.Dense) or not dense.built:
-            raise TypeError(
-                f"`dense` must be a built keras.layers.Dense. Received: dense={dense!r}"
+        kernel, kwargs = dense_arguments(dense)
+        shape = mask_shape(trainable_mask, name="trainable_mask")
+        if shape is not None and shape != kernel.shape:
+            raise ValueError(
+                f"`trainable_mask` must have the kernel's shape {kernel.shape}. "
+                f"Received a mask of shape {shape}"
             )
-        kernel = tf.convert_to_tensor(dense.kernel)
         layer = cls(
-            dense.units,
+            kernel.shape[1],
             trainable_mask,
-            activation=dense.activation,
-            use_bias=dense.use_bias,
             mode=mode,
-            name=name,
-            dtype=dense.dtype_policy,
+            kernel_initializer=keras.initializers.Constant(kernel),
+            **kwargs,
         )
         layer.build((None, kernel.shape[0]))
-        layer.base.assign(kernel)
-        start = (
-            kernel
-            if layer.resolved_mode == "select"
-            else tf.gather_nd(kernel, layer._indices)
-        )
-        layer.free.assign(start)
-        if dense.use_bias:
-            layer.bias.assign(dense.bias)
+        layer.kernel_initializer = keras.initializers.get("glorot_uniform")
+        copy_bias(layer, dense)
         return layer
+
+    @property
+    def free(self):
+        """The trainable weight of the kernel (the free values)."""
+        return self.partial_kernel.free
+
+    @property
+    def base(self):
+        """The frozen base of the kernel (a non-trainable weight)."""
+        return self.partial_kernel.base
+
+    @property
+    def resolved_mode(self) -> str:
+        """``"delta"`` or ``"select"``: the mode ``"auto"`` resolved to."""
+        return self.partial_kernel.mode
 
     def _units_for(self, n):
         return self.units
 
     def _product(self, x, dtype):
-        return keras.ops.matmul(x, self._kernel(dtype))
+        return keras.ops.matmul(x, keras.ops.cast(self.partial_kernel.value(), dtype))
 
     def _kernel(self, dtype):
-        return compose(
-            tf.cast(self.base, dtype),
-            self._indices,
-            tf.cast(self.free, dtype),
-            mode=self.resolved_mode,
-            mask=self._mask,
-        )
+        return keras.ops.cast(self.partial_kernel.value(), dtype)
 
     def _trainable_mask(self):
-        return self._mask.copy()
+        return self.partial_kernel.mask
 
     def get_config(self) -> dict:
+        num_free = self.num_free
+        mode = self.mode
+        if self.built:
+            num_free, mode = self.partial_kernel.num_free, self.partial_kernel.mode
+        elif self._given_mask is not None:
+            num_free = _count(self._given_mask)
         config = {
             "units": self.units,
-            "trainable_mask": listed(self._given_mask),
-            "mode": self.mode,
+            "trainable_mask": None,
+            "mode": mode,
+            "num_free": num_free,
         }
         return {**super().get_config(), **config}
+
+
+def _count(mask) -> int:
+    """The number of free entries of a mask or index list, before any shape."""
+    array = np.asarray(keras.ops.convert_to_numpy(mask))
+    if array.dtype == bool or np.issubdtype(array.dtype, np.floating):
+        return int((array != 0).sum())
+    return int(array.shape[0]) if array.size else 0

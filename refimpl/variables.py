@@ -19,7 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from refimpl.masks import mask_constant, mask_to_indices, normalize_shape, to_mask
+from refimpl.masks import mask_constant, normalize_shape, to_mask
 from refimpl.structured import _index_list
 
 __all__ = ["PartialVariable", "SELECT_ABOVE_DENSITY", "choose_mode", "compose"]
