@@ -18,33 +18,43 @@ import keras
 import numpy as np
 from keras import ops
 
-from refimpl.masks import to_mask
+# Keras walks KerasSaveable attributes of a layer when it saves and loads
+# weights; a constraint that is one stores its arrays in the weights file.
+from keras.src.saving.keras_saveable import KerasSaveable
+
+from refimpl.masks import mask_shape, normalize_shape, to_mask
 
 __all__ = ["FreezeEntries"]
 
 
 @keras.saving.register_keras_serializable(package="refimpl")
-class FreezeEntries(keras.constraints.Constraint):
+class FreezeEntries(keras.constraints.Constraint, KerasSaveable):
     """Keep the entries outside ``mask`` at fixed ``values`` after each update.
 
     ``constraint(w)`` returns ``where(mask, w, values)``: the trainable entries
     as the optimizer left them, every other entry set back to its frozen value,
     bit for bit (``values`` are cast to the variable's dtype).
 
+    The mask and the frozen values are saved in the weights file (``.keras``
+    or ``.weights.h5``) with the layer that holds the constraint; the config
+    holds only the shape.
+
     Args:
+        values: the frozen values: an array of the variable's shape (usually
+            its current value, see :meth:`from_variable`), or a scalar for
+            every frozen entry.
         mask: the trainable positions (``True`` = may change): a boolean mask
             of the variable's shape, or an index list of shape ``[k, rank]``
             when ``values`` is a full array that gives the shape.
-        values: the frozen values: an array of the variable's shape (usually
-            its current value), or a scalar for every frozen entry.
 
     Raises:
-        ValueError, TypeError: for a mask that does not fit ``values``, a
-            non-numeric ``values``, or (when applied) a variable of another
+        TypeError: for a non-numeric ``values`` or a bad mask type.
+        ValueError: for a mask that does not fit ``values``, an index list
+            with a scalar ``values``, or (when applied) a variable of another
             shape.
 
     >>> w = keras.Variable([[1.0, 2.0], [3.0, 4.0]])
-    >>> freeze = FreezeEntries([[True, False], [False, True]], w.numpy())
+    >>> freeze = FreezeEntries(w.numpy(), [[True, False], [False, True]])
     >>> _ = w.assign(w - 0.5)  # an optimizer step moves every entry
     >>> _ = w.assign(freeze(w))  # what Keras does after each update
     >>> w.numpy()
@@ -52,16 +62,21 @@ class FreezeEntries(keras.constraints.Constraint):
            [3. , 3.5]], dtype=float32)
     """
 
-    def __init__(self, mask, values):
+    def __init__(self, values, mask):
         values_array = _values(values)
         if values_array.ndim > 0:
             shape = values_array.shape
         else:
-            shape = _mask_shape(mask)
+            shape = mask_shape(mask)
+            if shape is None:
+                raise ValueError(
+                    "With a scalar `values`, `mask` must be a boolean mask of "
+                    "the variable's shape (an index list does not say the "
+                    f"shape). Received: mask={mask!r}"
+                )
         self._mask = to_mask(mask, shape, name="mask")
         self._values = values_array
-        self._given_mask = mask
-        self._given_values = values
+        self._loaded = True
 
     @classmethod
     def from_variable(cls, variable, mask) -> FreezeEntries:
@@ -71,19 +86,22 @@ class FreezeEntries(keras.constraints.Constraint):
         >>> FreezeEntries.from_variable(w, [True, False]).values.tolist()
         [1.0, 2.0]
         """
-        return cls(mask, np.array(ops.convert_to_numpy(variable)))
+        return cls(np.array(ops.convert_to_numpy(variable)), mask)
 
     @property
     def mask(self) -> np.ndarray:
         """The boolean mask, ``True`` where the entry may change."""
+        self._check_loaded()
         return self._mask.copy()
 
     @property
     def values(self) -> np.ndarray:
         """The frozen values, as given (scalar or full array)."""
+        self._check_loaded()
         return self._values.copy()
 
     def __call__(self, w):
+        self._check_loaded()
         if tuple(w.shape) != self._mask.shape:
             raise ValueError(
                 f"FreezeEntries was built for a variable of shape "
@@ -93,11 +111,46 @@ class FreezeEntries(keras.constraints.Constraint):
         return ops.where(self._mask, w, frozen)
 
     def get_config(self) -> dict:
-        config = {
-            "mask": _listed(self._given_mask),
-            "values": _listed(self._given_values),
-        }
-        return {**super().get_config(), **config}
+        return {"shape": list(self._mask.shape)}
+
+    @classmethod
+    def from_config(cls, config):
+        """A constraint of ``config["shape"]`` whose arrays come with the weights."""
+        shape = normalize_shape(tuple(config["shape"]), name="shape")
+        shell = cls.__new__(cls)
+        shell._mask = np.zeros(shape, bool)
+        shell._values = np.zeros((), np.float32)
+        shell._loaded = False
+        return shell
+
+    def _obj_type(self) -> str:
+        # Keras' saver asks for a known kind to walk the object's attributes;
+        # a constraint has none to walk, like a loss.
+        return "Loss"
+
+    def save_own_variables(self, store) -> None:
+        self._check_loaded()
+        store["mask"] = self._mask
+        store["values"] = self._values
+
+    def load_own_variables(self, store) -> None:
+        mask = np.asarray(store["mask"], dtype=bool)
+        if mask.shape != self._mask.shape:
+            raise ValueError(
+                f"The saved FreezeEntries mask has shape {mask.shape}; this "
+                f"constraint was built for shape {self._mask.shape}"
+            )
+        self._mask = mask
+        self._values = np.asarray(store["values"])
+        self._loaded = True
+
+    def _check_loaded(self) -> None:
+        if not self._loaded:
+            raise ValueError(
+                "This FreezeEntries was rebuilt from a config without its mask "
+                "and values; they come with the saved weights. Load the model "
+                "with `keras.saving.load_model` (or its weights) first."
+            )
 
 
 def _values(values) -> np.ndarray:
@@ -110,28 +163,9 @@ def _values(values) -> np.ndarray:
             f"`values` must be a number or a rectangular numeric array. "
             f"Received: values={values!r}"
         ) from err
-    if array.dtype.kind in "OSUmM":  # bfloat16 (kind 'V') is numeric
+    if array.dtype.kind in "OSUmMb":  # bfloat16 (kind 'V') is numeric
         raise TypeError(
             f"`values` must be a number or a rectangular numeric array. "
             f"Received dtype {array.dtype}: values={values!r}"
         )
     return array
-
-
-def _mask_shape(mask) -> tuple[int, ...]:
-    array = np.asarray(mask.numpy() if hasattr(mask, "numpy") else mask)
-    if array.dtype != bool and not np.issubdtype(array.dtype, np.floating):
-        raise ValueError(
-            "With a scalar `values`, `mask` must be a boolean mask of the "
-            "variable's shape (an index list does not say the shape). "
-            f"Received: mask={mask!r}"
-        )
-    return array.shape
-
-
-def _listed(value):
-    if hasattr(value, "numpy"):
-        value = value.numpy()
-    if isinstance(value, np.ndarray | np.generic):
-        return value.tolist()
-    return value
