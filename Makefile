@@ -3,13 +3,13 @@
 #   make check    lint and the fast tests (no `slow` marker), in about a minute
 #   make test     everything CI runs: lint, every test, notebooks, strict build
 #   make execute  re-run every notebook in place after editing it
-#   make bench    run the benchmarks and rewrite benchmarks/results/
+#   make bench    run the benchmarks and rewrite evidence/benchmarks/results/
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NOTEBOOKS ?= $(sort $(wildcard chapters/*.ipynb))
-LINT_PATHS := $(wildcard refimpl tests benchmarks tools chapters)
+LINT_PATHS := $(wildcard refimpl evidence tests tools chapters)
 
 export IPYTHONDIR := $(CURDIR)/tools/ipython
 export TF_CPP_MIN_LOG_LEVEL := 3
@@ -60,7 +60,7 @@ execute: $(STAMP)
 	done
 
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks.run
+	$(BIN)/python -m evidence.benchmarks.run
 
 clean:
 	rm -rf _build
