@@ -5,6 +5,8 @@ from __future__ import annotations
 import keras
 import numpy as np
 
+from refimpl.structured import block_sizes, check_rectangular
+
 
 class StructuredDense(keras.layers.Layer):
     """``activation(x @ kernel + bias)``; subclasses say how ``x @ kernel`` runs.
@@ -207,7 +209,7 @@ def float_array(value, name: str, *, max_ndim: int) -> np.ndarray:
     return array
 
 
-def block_sizes(sizes, count: int, name: str):
+def given_sizes(sizes, count: int, name: str):
     if sizes is None:
         return [None] * count
     if not isinstance(sizes, (list, tuple)) or len(sizes) != count:
@@ -230,16 +232,7 @@ def parse_grid(blocks, row_sizes, col_sizes):
     values come with the saved weights); both need their sizes from the
     other blocks or from ``row_sizes``/``col_sizes``.
     """
-    if not (
-        isinstance(blocks, (list, tuple))
-        and blocks
-        and all(isinstance(r, (list, tuple)) and r for r in blocks)
-        and len({len(r) for r in blocks}) == 1
-    ):
-        raise ValueError(
-            "`blocks` must be a rectangular, non-empty list of "
-            f"non-empty lists of blocks. Received: blocks={blocks!r}"
-        )
+    check_rectangular(blocks, "blocks")
     grid = []
     for i, row in enumerate(blocks):
         grid.append([])
@@ -257,30 +250,11 @@ def parse_grid(blocks, row_sizes, col_sizes):
                         f"Received: blocks[{i}][{j}].shape={b.shape}"
                     )
             grid[-1].append(b)
-    heights = block_sizes(row_sizes, len(grid), "row_sizes")
-    widths = block_sizes(col_sizes, len(grid[0]), "col_sizes")
-    for i, row in enumerate(grid):
-        for j, b in enumerate(row):
-            if isinstance(b, np.ndarray):
-                for sizes, k, axis, what in (
-                    (heights, i, 0, "row"),
-                    (widths, j, 1, "column"),
-                ):
-                    if sizes[k] is None:
-                        sizes[k] = b.shape[axis]
-                    elif sizes[k] != b.shape[axis]:
-                        raise ValueError(
-                            f"The blocks of block {what} {k} must share one "
-                            f"{'height' if axis == 0 else 'width'}, {sizes[k]}. "
-                            f"Received: blocks[{i}][{j}].shape={b.shape}"
-                        )
-    for sizes, what, arg in (
-        (heights, "row", "row_sizes"),
-        (widths, "column", "col_sizes"),
-    ):
-        if None in sizes:
-            raise ValueError(
-                f"Block {what} {sizes.index(None)} has no fixed block, so its size "
-                f"is unknown; give it in `{arg}`. Received: {arg}=None"
-            )
+    shapes = [[b.shape if isinstance(b, np.ndarray) else None for b in r] for r in grid]
+    heights, widths = block_sizes(
+        shapes,
+        "blocks",
+        given_sizes(row_sizes, len(grid), "row_sizes"),
+        given_sizes(col_sizes, len(grid[0]), "col_sizes"),
+    )
     return grid, heights, widths

@@ -355,21 +355,7 @@ def _band(diagonals, offsets):
 
 
 def _grid(rows):
-    if isinstance(rows, (tf.Tensor, tf.Variable, np.ndarray)) or not (
-        isinstance(rows, Sequence)
-        and rows
-        and all(isinstance(r, Sequence) and len(r) > 0 for r in rows)
-    ):
-        raise ValueError(
-            "`rows` must be a non-empty list of non-empty lists of blocks. "
-            f"Received: rows={rows!r}"
-        )
-    width = len(rows[0])
-    if any(len(r) != width for r in rows):
-        raise ValueError(
-            "`rows` must be a rectangular grid; every block row needs the same "
-            f"number of blocks. Received row lengths {[len(r) for r in rows]}"
-        )
+    check_rectangular(rows, "rows")
     tf_dtypes = {
         tf.as_dtype(b.dtype).name
         for r in rows
@@ -391,31 +377,76 @@ def _grid(rows):
                 if b.shape.rank != 2 or not b.shape.is_fully_defined():
                     raise ValueError(
                         f"Every block of `rows` must be a 2-D tensor of known "
-                        f"shape. "
-                        f"Received: rows[{i}][{j}].shape={b.shape}"
+                        f"shape. Received: rows[{i}][{j}].shape={b.shape}"
                     )
             grid[-1].append(b)
-    heights = [
-        _common([b.shape[0] for b in r if b is not None], "height", i, "row")
-        for i, r in enumerate(grid)
-    ]
-    widths = [
-        _common([r[j].shape[1] for r in grid if r[j] is not None], "width", j, "column")
-        for j in range(width)
-    ]
+    shapes = [[None if b is None else tuple(b.shape) for b in r] for r in grid]
+    heights, widths = block_sizes(shapes, "rows")
     return grid, heights, widths, dtype
 
 
-def _common(sizes, what, index, kind):
-    if not sizes:
-        raise ValueError(
-            f"Block {kind} {index} of `rows` holds only None blocks, so its "
-            f"{what} cannot be inferred. Give at least one block of that {kind} "
-            f"as an explicit tf.zeros(...) of the right shape."
+def check_rectangular(rows, name: str) -> None:
+    """Check that ``rows`` is a non-empty, rectangular list of non-empty lists."""
+    if isinstance(rows, (tf.Tensor, tf.Variable, np.ndarray, str)) or not (
+        isinstance(rows, Sequence)
+        and rows
+        and all(
+            isinstance(r, Sequence) and not isinstance(r, str) and len(r) > 0
+            for r in rows
         )
-    if len(set(sizes)) != 1:
+    ):
         raise ValueError(
-            f"The blocks of block {kind} {index} of `rows` must share one {what}. "
-            f"Received {what}s {sizes}"
+            f"`{name}` must be a non-empty list of non-empty lists of blocks. "
+            f"Received: {name}={rows!r}"
         )
-    return int(sizes[0])
+    if any(len(r) != len(rows[0]) for r in rows):
+        raise ValueError(
+            f"`{name}` must be a rectangular grid; every block row needs the same "
+            f"number of blocks. Received row lengths {[len(r) for r in rows]}"
+        )
+
+
+def block_sizes(shapes, name: str, heights=None, widths=None):
+    """Infer and check the block-row heights and block-column widths of a grid.
+
+    The one size check of every block grid in the package (:func:`block`,
+    :func:`block_matmul` and ``BlockDense``).
+
+    Args:
+        shapes: the grid of block shapes, ``None`` where a block has no shape
+            of its own (a zero block, or a block sized by the caller).
+        name: the grid argument's name, used in error messages.
+        heights, widths: sizes given by the caller (lists with ``None`` for
+            unknown entries), checked against the blocks.
+
+    Returns:
+        ``(heights, widths)``, lists of ints.
+    """
+    heights = list(heights or [None] * len(shapes))
+    widths = list(widths or [None] * len(shapes[0]))
+    for i, row in enumerate(shapes):
+        for j, shape in enumerate(row):
+            if shape is None:
+                continue
+            for sizes, k, axis, kind in (
+                (heights, i, 0, "row"),
+                (widths, j, 1, "column"),
+            ):
+                what = "height" if axis == 0 else "width"
+                if sizes[k] is None:
+                    sizes[k] = int(shape[axis])
+                elif sizes[k] != shape[axis]:
+                    raise ValueError(
+                        f"The blocks of block {kind} {k} of `{name}` must share "
+                        f"one {what}, {sizes[k]}. Received: "
+                        f"{name}[{i}][{j}].shape={tuple(shape)}"
+                    )
+    for sizes, kind in ((heights, "row"), (widths, "column")):
+        if None in sizes:
+            what = "height" if kind == "row" else "width"
+            raise ValueError(
+                f"Block {kind} {sizes.index(None)} of `{name}` has no block of a "
+                f"known shape, so its {what} cannot be inferred; give one block of "
+                "that shape (for example tf.zeros(...)) or its size"
+            )
+    return heights, widths
