@@ -44,10 +44,17 @@ def test_assert_frozen_works_with_variables_and_bfloat16():
 
 
 @given(shape_and_mask())
-def test_moved_is_false_for_identical_arrays(case):
-    shape, _ = case
+def test_moved_is_true_exactly_where_an_entry_changed_by_one_ulp(case):
+    shape, changed = case
     values = np.random.default_rng(0).normal(size=shape).astype("float32")
     assert not moved(values, values.copy()).any()
+    after = np.where(changed, np.nextafter(values, np.float32(np.inf)), values)
+    np.testing.assert_array_equal(moved(values, after), changed)
+    # The same change, seen by assert_frozen: allowed exactly where it happened.
+    assert_frozen(values, after, changed)
+    if changed.any():
+        with pytest.raises(AssertionError, match=f"{int(changed.sum())} of"):
+            assert_frozen(values, after, np.zeros(shape, bool))
 
 
 def test_moved_rejects_mismatched_inputs():
