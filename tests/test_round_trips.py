@@ -24,9 +24,13 @@ T = RNG.normal(size=(16, N)).astype("float32")
 # --- tf.train.Checkpoint, custom training loop --------------------------------
 
 
-def _partial_variable():
-    v = refimpl.PartialVariable(INIT, MASK, mode="delta")
-    return v, [v.free], v.value, None
+def _partial_variable(mode="delta"):
+    v = refimpl.PartialVariable(INIT, MASK, mode=mode)
+    return v, v.trainable_variables, v.value, None
+
+
+def _partial_variable_select():
+    return _partial_variable("select")
 
 
 def _masked_full_variable():
@@ -34,7 +38,7 @@ def _masked_full_variable():
 
     def apply(optimizer, grads):
         refimpl.apply_masked_gradients(
-            optimizer, [(grads[0], w)], [MASK], restore_frozen=True
+            optimizer, [(grads[0], w)], [(w, MASK)], restore_frozen=True
         )
 
     return w, [w], lambda: tf.convert_to_tensor(w), apply
@@ -53,7 +57,9 @@ def _train(setup, optimizer, steps):
 
 
 @pytest.mark.parametrize(
-    "make", [_partial_variable, _masked_full_variable], ids=["partial", "restore"]
+    "make",
+    [_partial_variable, _partial_variable_select, _masked_full_variable],
+    ids=["partial", "partial_select", "restore"],
 )
 def test_checkpoint_restore_mid_training_continues_identically(make, tmp_path):
     straight = make()
@@ -78,9 +84,9 @@ def test_checkpoint_restore_mid_training_continues_identically(make, tmp_path):
 
 
 def test_checkpoint_restores_the_frozen_base_of_a_partial_variable(tmp_path):
-    saved = refimpl.PartialVariable(INIT, MASK, mode="delta")
+    saved = refimpl.PartialVariable(INIT, MASK)
     path = tf.train.Checkpoint(v=saved).write(str(tmp_path / "ckpt"))
-    other = refimpl.PartialVariable(np.zeros_like(INIT), MASK, mode="delta")
+    other = refimpl.PartialVariable(np.zeros_like(INIT), MASK)
     tf.train.Checkpoint(v=other).read(path).assert_consumed()
     np.testing.assert_array_equal(other.value().numpy(), INIT)
 
@@ -104,16 +110,30 @@ def _freeze_entries():
         N,
         use_bias=False,
         kernel_initializer=keras.initializers.Constant(INIT),
-        kernel_constraint=refimpl.FreezeEntries(MASK, INIT),
+        kernel_constraint=refimpl.FreezeEntries(INIT, MASK),
     )
     return layer, lambda: layer.kernel, MASK
 
 
+def _masked_optimizer():
+    layer = keras.layers.Dense(
+        N, use_bias=False, kernel_initializer=keras.initializers.Constant(INIT)
+    )
+
+    def wrap(optimizer):  # called once the layer is built
+        return refimpl.MaskedOptimizer(
+            optimizer, [(layer.kernel, MASK)], restore_frozen=True
+        )
+
+    return layer, lambda: layer.kernel, MASK, wrap
+
+
 def _model(make):
     keras.utils.set_random_seed(0)
-    layer, kernel, mask = make()
+    layer, kernel, mask, *wrap = make()
     model = keras.Sequential([keras.Input((N,)), layer])
-    model.compile(optimizer=keras.optimizers.AdamW(0.01), loss="mse")
+    optimizer = keras.optimizers.AdamW(0.01)
+    model.compile(optimizer=wrap[0](optimizer) if wrap else optimizer, loss="mse")
     start = keras.ops.convert_to_numpy(kernel())
     return model, start, mask
 
@@ -128,8 +148,8 @@ def _weights(model):
 
 @pytest.mark.parametrize(
     "make",
-    [_partial_dense, _banded_dense, _freeze_entries],
-    ids=["PartialDense", "BandedDense", "FreezeEntries"],
+    [_partial_dense, _banded_dense, _freeze_entries, _masked_optimizer],
+    ids=["PartialDense", "BandedDense", "FreezeEntries", "MaskedOptimizer"],
 )
 def test_keras_file_round_trip_mid_fit_continues_identically(make, tmp_path):
     straight, start, mask = _model(make)
