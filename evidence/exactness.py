@@ -4,12 +4,16 @@
 and one optimizer, and counts the frozen entries whose stored bits changed.
 The book's exactness chapter and the conformance tests both run it, so the
 table the book prints and the assertions CI makes come from the same code.
+The techniques are the records of :mod:`evidence.registry` that have a
+``setup`` (:data:`TECHNIQUES`, the rows of the matrix);
 :func:`keras_optimizers` lists every optimizer class ``keras.optimizers``
-exports, so a class added to Keras joins the table without anyone typing it.
+exports (the columns), so a class added to Keras joins the table without
+anyone typing it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from typing import NamedTuple
@@ -18,24 +22,22 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from evidence._cases import CASES, band_widths
-from refimpl.masks import to_mask
-from refimpl.testing import moved
+import refimpl
+from evidence import _cases, registry
 
-__all__ = ["TECHNIQUES", "Drift", "frozen_drift", "keras_optimizers"]
+__all__ = [
+    "TECHNIQUES",
+    "Drift",
+    "OptimizerCase",
+    "frozen_drift",
+    "keras_optimizers",
+    "mask_for",
+]
 
-#: Every technique :func:`frozen_drift` runs, mapped to its family.
-TECHNIQUES = {
-    "mask stop_gradient": "restrict the update",
-    "one-hot stop_gradient": "restrict the update",
-    "gradient masking": "restrict the update",
-    "gradient masking + restore_frozen": "restrict the update",
-    "FreezeEntries constraint": "restrict the update",
-    "separate variables": "reparametrize",
-    "PartialVariable (delta)": "reparametrize",
-    "PartialDense layer": "reparametrize",
-    "BandedDense layer": "reparametrize",
-}
+#: The rows of the exactness matrix: every registry technique with a setup.
+TECHNIQUES: tuple[registry.Technique, ...] = tuple(
+    t for t in registry.TECHNIQUES if t.setup is not None
+)
 _DTYPES = ("float32", "mixed_float16", "mixed_bfloat16")
 _MODES = ("eager", "function", "xla")
 
@@ -51,8 +53,30 @@ class Drift(NamedTuple):
     mask: np.ndarray  #: the trainable positions
 
 
-def keras_optimizers(*, weight_decay: float = 0.004) -> dict[str, Callable]:
-    """Return a factory for every optimizer class in ``keras.optimizers``.
+@dataclasses.dataclass(frozen=True)
+class OptimizerCase:
+    """One column of the matrix: an optimizer, built fresh by calling it.
+
+    >>> case = keras_optimizers()["Adam(weight_decay=0.004)"]
+    >>> case.cls.__name__, case.weight_decay, case().weight_decay
+    ('Adam', 0.004, 0.004)
+    """
+
+    #: the column label, e.g. ``"Adam"``, ``"AdamW(weight_decay=0)"``
+    name: str
+    #: the ``keras.optimizers`` class (for a wrapper, the wrapper's class)
+    cls: type
+    #: returns a fresh optimizer
+    factory: Callable[[], keras.optimizers.Optimizer] = dataclasses.field(repr=False)
+    #: the decoupled weight decay it applies; 0.0 for none
+    weight_decay: float = 0.0
+
+    def __call__(self) -> keras.optimizers.Optimizer:
+        return self.factory()
+
+
+def keras_optimizers(*, weight_decay: float = 0.004) -> dict[str, OptimizerCase]:
+    """Return an :class:`OptimizerCase` for every class in ``keras.optimizers``.
 
     Each class is built with its defaults; a wrapper (``LossScaleOptimizer``,
     Keras' own ``MultiOptimizer``) wraps ``Adam``. Every class that takes
@@ -61,9 +85,12 @@ def keras_optimizers(*, weight_decay: float = 0.004) -> dict[str, Callable]:
     ``SGD(momentum=0.9)`` is added as well. A class that needs arguments this
     function does not know gets a factory that raises Keras' own error.
 
-    >>> factories = keras_optimizers()
-    >>> factories["Adam(weight_decay=0.004)"]().weight_decay
-    0.004
+    Returns:
+        The cases by name, in the order of the table's columns.
+
+    >>> optimizers = keras_optimizers()
+    >>> [optimizers[name].weight_decay for name in ("AdamW", "AdamW(weight_decay=0)")]
+    [0.004, 0.0]
     """
     if isinstance(weight_decay, bool) or not (
         isinstance(weight_decay, (int, float)) and 0 < weight_decay < float("inf")
@@ -72,7 +99,7 @@ def keras_optimizers(*, weight_decay: float = 0.004) -> dict[str, Callable]:
             "`weight_decay` must be a positive, finite number. "
             f"Received: weight_decay={weight_decay!r}"
         )
-    factories: dict[str, Callable] = {}
+    cases: list[OptimizerCase] = []
     for name in sorted(dir(keras.optimizers)):
         cls = getattr(keras.optimizers, name)
         if not (inspect.isclass(cls) and issubclass(cls, keras.optimizers.Optimizer)):
@@ -81,25 +108,58 @@ def keras_optimizers(*, weight_decay: float = 0.004) -> dict[str, Callable]:
             continue
         params = inspect.signature(cls.__init__).parameters
         if "inner_optimizer" in params:
-            factories[name] = lambda cls=cls: cls(keras.optimizers.Adam())
+            factory = lambda cls=cls: cls(keras.optimizers.Adam())  # noqa: E731
         elif "optimizer_map" in params:
-            factories[name] = lambda cls=cls: cls(
+            factory = lambda cls=cls: cls(  # noqa: E731
                 keras.optimizers.OptimizerMap(keras.optimizers.Adam())
             )
         else:
-            factories[name] = cls
+            factory = cls
+        default = params["weight_decay"].default if "weight_decay" in params else None
+        cases.append(OptimizerCase(name, cls, factory, float(default or 0.0)))
         if name == "SGD":
-            factories["SGD(momentum=0.9)"] = lambda: keras.optimizers.SGD(momentum=0.9)
-        if "weight_decay" in params:
-            decay = 0 if params["weight_decay"].default else weight_decay
-            factories[f"{name}(weight_decay={decay})"] = lambda cls=cls, decay=decay: (
-                cls(weight_decay=decay)
+            cases.append(
+                OptimizerCase(
+                    "SGD(momentum=0.9)", cls, lambda: keras.optimizers.SGD(momentum=0.9)
+                )
             )
-    return factories
+        if "weight_decay" in params:
+            decay = 0 if default else weight_decay
+            cases.append(
+                OptimizerCase(
+                    f"{name}(weight_decay={decay})",
+                    cls,
+                    lambda cls=cls, decay=decay: cls(weight_decay=decay),
+                    float(decay),
+                )
+            )
+    return {case.name: case for case in cases}
+
+
+def mask_for(technique, mask) -> np.ndarray:
+    """The mask :func:`frozen_drift` needs for ``technique``, in place of ``mask``.
+
+    ``mask`` itself for a technique that takes any mask; for a structured
+    layer, its own structure of the same size: the tridiagonal band
+    (``mask="band"``) or the main diagonal (``mask="diagonal"``).
+
+    >>> mask_for("banded_dense", np.zeros((3, 3), bool)).astype(int)
+    array([[1, 1, 0],
+           [1, 1, 1],
+           [0, 1, 1]])
+    """
+    technique = registry.get(technique)
+    mask = np.asarray(mask)
+    if technique.mask == "any":
+        return mask
+    n = mask.shape[0]
+    if technique.mask == "band":
+        return np.abs(np.subtract.outer(np.arange(n), np.arange(n))) <= 1
+    return np.eye(n, dtype=bool)
 
 
 def frozen_drift(
-    technique: str,
+    technique,
     optimizer,
     mask,
     *,
@@ -114,14 +174,16 @@ def frozen_drift(
     batch as ``y = x @ W``; the loss is the mean squared distance to a random
     target, so every entry of ``W`` has a non-zero gradient. After ``steps``
     optimizer steps the dense weight is compared with its starting value bit
-    for bit (:func:`refimpl.testing.moved`).
+    for bit (:func:`refimpl.moved`). A structured layer holds only its free
+    values, so its frozen entries start (and stay) at zero.
 
     Args:
-        technique: a key of :data:`TECHNIQUES`.
+        technique: the id of a technique of :data:`TECHNIQUES` (such as
+            ``"grad_mask"``), or its :class:`evidence.registry.Technique`.
         optimizer: a fresh (unused) Keras optimizer, or a function of no
-            arguments that returns one.
+            arguments that returns one (such as an :class:`OptimizerCase`).
         mask: the trainable positions, a square boolean (or 0.0/1.0) mask;
-            for ``"BandedDense layer"`` a band around the main diagonal.
+            for a structured layer its band or diagonal (:func:`mask_for`).
         steps: the number of optimizer steps, ``>= 1``.
         dtype: ``"float32"``, ``"mixed_float16"`` (the forward pass in
             float16 and, as ``model.compile`` does, the optimizer wrapped in a
@@ -140,18 +202,18 @@ def frozen_drift(
             whatever an optimizer raises when it cannot run the technique.
 
     >>> mask = np.eye(3, dtype=bool)
-    >>> frozen_drift("gradient masking", keras.optimizers.Adam(), mask).moved
+    >>> frozen_drift("grad_mask", keras.optimizers.Adam(), mask).moved
     0
-    >>> frozen_drift("gradient masking", keras.optimizers.AdamW(), mask).moved
+    >>> frozen_drift("grad_mask", keras.optimizers.AdamW(), mask).moved
     6
     """
-    mask, optimizer = _check(technique, optimizer, mask, steps, dtype, mode)
+    technique, mask, optimizer = _check(technique, optimizer, mask, steps, dtype, mode)
     rng = np.random.default_rng(seed)
     n = mask.shape[0]
     init = rng.normal(size=(n, n)).astype("float32")
     x = tf.constant(rng.normal(size=(8, n)).astype("float32"))
     target = tf.constant(rng.normal(size=(8, n)).astype("float32"))
-    variables, output, weight, apply = CASES[technique](
+    variables, output, weight, apply = technique.setup(
         init, mask, dtype.removeprefix("mixed_")
     )
     if dtype == "mixed_float16" and not isinstance(
@@ -182,7 +244,7 @@ def frozen_drift(
         logger.setLevel(level)
     after = _numpy(weight())
     return Drift(
-        moved=int((moved(before, after) & ~mask).sum()),
+        moved=int((refimpl.moved(before, after) & ~mask).sum()),
         frozen=int((~mask).sum()),
         nonfinite=int((~np.isfinite(after)).sum()),
         before=before,
@@ -196,10 +258,11 @@ def _numpy(value) -> np.ndarray:
 
 
 def _check(technique, optimizer, mask, steps, dtype, mode):
-    if technique not in TECHNIQUES:
+    technique = registry.get(technique)
+    if technique.setup is None:
         raise ValueError(
-            f"`technique` must be one of {list(TECHNIQUES)}. "
-            f"Received: technique={technique!r}"
+            f"`technique` must have a setup for the exactness matrix, one of "
+            f"{[t.id for t in TECHNIQUES]}. Received: technique={technique.id!r}"
         )
     for name, value, known in (("dtype", dtype, _DTYPES), ("mode", mode, _MODES)):
         if value not in known:
@@ -224,7 +287,9 @@ def _check(technique, optimizer, mask, steps, dtype, mode):
             "`mask` must be a square mask of a non-empty 2-D weight. "
             f"Received a mask of shape {array.shape}"
         )
-    mask = to_mask(array, array.shape)
-    if technique == "BandedDense layer":
-        band_widths(mask)
-    return mask, optimizer
+    mask = refimpl.to_mask(array, array.shape)
+    if technique.mask == "band":
+        _cases.band_widths(mask)
+    elif technique.mask == "diagonal":
+        _cases.check_diagonal(mask)
+    return technique, mask, optimizer
