@@ -13,6 +13,7 @@ from refimpl import (
     BlockDense,
     DiagonalDense,
     PartialDense,
+    PartialVariable,
     assert_frozen,
     count_free_parameters,
     moved,
@@ -23,12 +24,17 @@ SEED_BLOCKS = [[None, -0.2 * EYE3], [0.35 * EYE3, "trainable"]]
 RANDOM_MASK = np.random.default_rng(3).random((5, 4)) < 0.4
 DENSE_MASK = np.random.default_rng(4).random((5, 4)) < 0.8
 
-# name: (factory, input size, expected number of free kernel values)
+# name: (factory, input size, free kernel entries, trainable kernel values)
 LAYERS = {
-    "diagonal": (lambda: DiagonalDense(use_bias=True), 5, 5),
-    "band_fixed_diag": (lambda: BandedDense(1, 2, fixed_diagonal=1.0), 6, 5 + 5 + 4),
-    "band_lower_only": (lambda: BandedDense(2, 0), 4, 4 + 3 + 2),
-    "block_seed": (lambda: BlockDense(SEED_BLOCKS), 6, 9),
+    "diagonal": (lambda: DiagonalDense(use_bias=True), 5, 5, 5),
+    "band_fixed_diag": (
+        lambda: BandedDense(1, 2, fixed_diagonal=1.0),
+        6,
+        5 + 5 + 4,
+        5 + 5 + 4,
+    ),
+    "band_lower_only": (lambda: BandedDense(2, 0), 4, 4 + 3 + 2, 4 + 3 + 2),
+    "block_seed": (lambda: BlockDense(SEED_BLOCKS), 6, 9, 9),
     "block_sizes": (
         lambda: BlockDense(
             [["trainable", None], [np.ones((1, 2)), "trainable"]],
@@ -38,19 +44,45 @@ LAYERS = {
         ),
         3,
         4 + 3,
+        4 + 3,
     ),
-    "partial_delta": (lambda: PartialDense(4, RANDOM_MASK), 5, RANDOM_MASK.sum()),
+    "partial_delta": (
+        lambda: PartialDense(4, RANDOM_MASK),
+        5,
+        RANDOM_MASK.sum(),
+        RANDOM_MASK.sum(),
+    ),
     "partial_select": (
         lambda: PartialDense(4, DENSE_MASK, mode="select"),
         5,
-        DENSE_MASK.size,  # select keeps a kernel-sized free weight
+        DENSE_MASK.sum(),
+        DENSE_MASK.size,  # select keeps a kernel-sized trainable weight
     ),
     "partial_indices": (
         lambda: PartialDense(3, [[0, 0], [2, 1], [1, 2]], activation="tanh"),
         3,
         3,
+        3,
     ),
 }
+
+SELECT_IN_GRAPH = pytest.mark.xfail(
+    strict=True,
+    reason="refimpl bug: a select-mode PartialVariable whose value() is first "
+    "read inside a tf.function (fit or predict before any eager call, or after "
+    "loading) reads its mask with numpy() and raises NotImplementedError",
+)
+SHELL_SET_WEIGHTS = pytest.mark.xfail(
+    strict=True,
+    reason="refimpl bug: PartialDense.from_config builds a PartialVariable shell "
+    "that set_weights fills but does not mark loaded; calling it raises "
+    "'rebuilt from a config without its values'",
+)
+
+
+def _names(**marks):
+    """Every layer name, with the xfail marks of this test."""
+    return [pytest.param(name, marks=marks.get(name, ())) for name in LAYERS]
 
 
 def _data(n, seed=0):
@@ -77,11 +109,11 @@ def mixed_precision():
     keras.mixed_precision.set_global_policy("float32")
 
 
-@pytest.mark.parametrize("name", list(LAYERS))
+@pytest.mark.parametrize("name", _names(partial_select=SELECT_IN_GRAPH))
 def test_layer_trains_saves_loads_and_trains_again_with_frozen_entries_bit_exact(
     name, tmp_path
 ):
-    factory, n, _ = LAYERS[name]
+    factory, n, _, _ = LAYERS[name]
     layer = factory()
     model = _model(layer, n)
     x = _data(n)
@@ -110,30 +142,50 @@ def test_layer_trains_saves_loads_and_trains_again_with_frozen_entries_bit_exact
 
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_trainable_weights_hold_exactly_the_free_values(name):
-    factory, n, free = LAYERS[name]
+    factory, n, free, trainable = LAYERS[name]
     layer = factory()
     layer.build((None, n))
     bias = layer.kernel.shape[1] if layer.use_bias else 0
-    assert count_free_parameters(layer) == free + bias
-    if not (isinstance(layer, PartialDense) and layer.mode == "select"):
-        assert layer.trainable_mask.sum() == free
+    assert count_free_parameters(layer) == trainable + bias
+    assert layer.trainable_mask.sum() == free
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_no_change_to_the_trainable_weights_moves_a_frozen_kernel_entry(name):
+    # Overwrite every entry of every trainable weight, as a wild optimizer
+    # could; in select mode that includes the masked-out entries of the
+    # kernel-sized free weight. The composed kernel's frozen entries keep
+    # their bits, and every free entry moves.
+    factory, n, _, _ = LAYERS[name]
+    layer = factory()
+    layer.build((None, n))
+    start = layer.kernel.numpy()
+    rng = np.random.default_rng(0)
+    for weight in layer.trainable_weights:
+        weight.assign(weight + rng.uniform(1.0, 2.0, size=weight.shape))
+    assert_frozen(start, layer.kernel, layer.trainable_mask)
+    np.testing.assert_array_equal(
+        moved(start, layer.kernel), layer.trainable_mask, "a free entry stayed"
+    )
 
 
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_summary_reports_the_true_trainable_count(name):
-    factory, n, free = LAYERS[name]
+    factory, n, _, trainable = LAYERS[name]
     layer = factory()
     model = _model(layer, n)
     lines = []
     model.summary(print_fn=lambda line, *args, **kwargs: lines.append(line))
     text = "\n".join(lines)
     bias = layer.kernel.shape[1] if layer.use_bias else 0
-    assert f"Trainable params: {free + bias:,}" in text
+    assert f"Trainable params: {trainable + bias:,} " in text
+    fixed = layer.count_params() - trainable - bias
+    assert f"Non-trainable params: {fixed:,} " in text
 
 
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_call_equals_x_times_the_dense_kernel(name):
-    factory, n, _ = LAYERS[name]
+    factory, n, _, _ = LAYERS[name]
     layer = factory()
     x = _data(n)
     y = layer(x)
@@ -144,9 +196,16 @@ def test_call_equals_x_times_the_dense_kernel(name):
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", list(LAYERS))
+@pytest.mark.parametrize(
+    "name",
+    _names(
+        partial_delta=SHELL_SET_WEIGHTS,
+        partial_select=SHELL_SET_WEIGHTS,
+        partial_indices=SHELL_SET_WEIGHTS,
+    ),
+)
 def test_from_config_round_trip_gives_the_same_layer(name):
-    factory, n, _ = LAYERS[name]
+    factory, n, _, _ = LAYERS[name]
     layer = factory()
     x = _data(n)
     layer(x)
@@ -160,9 +219,9 @@ def test_from_config_round_trip_gives_the_same_layer(name):
     np.testing.assert_array_equal(clone(x), layer(x))
 
 
-@pytest.mark.parametrize("name", list(LAYERS))
+@pytest.mark.parametrize("name", _names(partial_select=SELECT_IN_GRAPH))
 def test_checkpoint_round_trip_restores_the_kernel(name, tmp_path):
-    factory, n, _ = LAYERS[name]
+    factory, n, _, _ = LAYERS[name]
     model = _model(factory(), n)
     model.fit(_data(n), _targets(model, n), epochs=1, verbose=0)
     path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
@@ -173,7 +232,7 @@ def test_checkpoint_round_trip_restores_the_kernel(name, tmp_path):
 
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_layer_trains_under_jit_compile_and_mixed_float16(name, mixed_precision):
-    factory, n, _ = LAYERS[name]
+    factory, n, _, _ = LAYERS[name]
     layer = factory()
     model = _model(layer, n, jit=True)
     x = _data(n)
@@ -232,13 +291,108 @@ def test_partial_dense_modes_build_the_same_kernel():
     assert kernels[1].free.shape == RANDOM_MASK.shape
 
 
-def test_partial_dense_with_nothing_free_trains_only_the_bias():
-    layer = PartialDense(2, [], use_bias=True)
+@pytest.mark.parametrize(
+    "nothing",
+    [
+        pytest.param(np.zeros((3, 2), bool), id="false_mask"),
+        pytest.param(np.zeros((0, 2), "int64"), id="empty_index_array"),
+        pytest.param(
+            [],
+            id="empty_list",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="refimpl bug: masks.mask_shape([]) reads an empty list "
+                "as a float mask of shape (0,), so PartialDense refuses the "
+                "empty index list that PartialVariable and to_mask accept",
+            ),
+        ),
+    ],
+)
+def test_partial_dense_with_nothing_free_trains_only_the_bias(nothing):
+    layer = PartialDense(2, nothing, use_bias=True)
     model = _model(layer, 3)
     start = layer.kernel.numpy()
     model.fit(_data(3), _targets(model, 3), epochs=1, verbose=0)
     assert_frozen(start, layer.kernel, np.zeros((3, 2), bool))
     assert count_free_parameters(layer) == 2
+
+
+def test_partial_dense_defaults_to_delta_and_its_kernel_is_a_partial_variable():
+    layer = PartialDense(4, RANDOM_MASK)
+    layer.build((None, 5))
+    assert layer.mode == layer.resolved_mode == "delta"
+    assert isinstance(layer.partial_kernel, PartialVariable)
+    assert {w.name for w in layer.trainable_weights} == {"free", "bias"}
+    assert {w.path for w in layer.weights} == {
+        f"{layer.name}/kernel/free",
+        f"{layer.name}/kernel/base",
+        f"{layer.name}/kernel/positions",
+        f"{layer.name}/bias",
+    }
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="refimpl bug (or doc bug): notes/API.md says the weight order of a "
+    "PartialDense is free, base, positions, bias; Keras lists a layer's own "
+    "weights (bias) before its sub-layer's (the kernel PartialVariable)",
+)
+def test_partial_dense_weight_order_is_the_documented_one():
+    layer = PartialDense(4, RANDOM_MASK)
+    layer.build((None, 5))
+    assert [w.name for w in layer.weights] == ["free", "base", "positions", "bias"]
+
+
+def test_partial_dense_auto_mode_resolves_by_density_and_default_does_not():
+    one = [[2, 1]]  # 1 of 20 entries free
+    layers = {
+        "default_dense": PartialDense(4, DENSE_MASK),
+        "auto_dense": PartialDense(4, DENSE_MASK, mode="auto"),
+        "auto_sparse": PartialDense(4, one, mode="auto"),
+    }
+    for layer in layers.values():
+        layer.build((None, 5))
+    assert layers["default_dense"].resolved_mode == "delta"
+    assert layers["auto_dense"].resolved_mode == "select"
+    assert layers["auto_sparse"].resolved_mode == "delta"
+    assert layers["auto_dense"].get_config()["mode"] == "select"
+
+
+def test_fixed_values_are_non_trainable_weights_that_count_params_includes():
+    band = BandedDense(1, 2, fixed_diagonal=[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    band.build((None, 6))
+    assert [w.name for w in band.non_trainable_weights] == ["fixed_diagonal"]
+    np.testing.assert_array_equal(band.fixed_diagonal, [1, 2, 3, 4, 5, 6])
+    assert count_free_parameters(band) == 5 + 5 + 4
+    assert band.count_params() == 5 + 5 + 4 + 6
+
+    blocks = BlockDense(SEED_BLOCKS)
+    blocks.build((None, 6))
+    assert [w.name for w in blocks.non_trainable_weights] == ["fixed_0_1", "fixed_1_0"]
+    assert count_free_parameters(blocks) == 9
+    assert blocks.count_params() == 9 + 9 + 9
+
+
+def test_fixed_values_stay_bit_exact_under_weight_decay():
+    layer = BlockDense(SEED_BLOCKS)
+    model = _model(layer, 6)
+    fixed = [w.numpy() for w in layer.non_trainable_weights]
+    model.fit(_data(6), _targets(model, 6), epochs=2, batch_size=8, verbose=0)
+    for before, weight in zip(fixed, layer.non_trainable_weights):
+        assert_frozen(before, weight, np.zeros(before.shape, bool))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="refimpl bug: BandedDense.__init__ compares fixed_diagonal == "
+    "'from_weights'; for a NumPy array of 2+ numbers that is an array, and "
+    "`or` raises 'The truth value of an array ... is ambiguous'",
+)
+def test_banded_dense_takes_a_numpy_fixed_diagonal():
+    values = np.array([1.0, 2.0, 3.0, 4.0])
+    layer = BandedDense(1, 1, fixed_diagonal=values)
+    layer.build((None, 4))
+    np.testing.assert_array_equal(np.diag(layer.kernel.numpy()), values)
 
 
 @pytest.mark.parametrize(
@@ -259,6 +413,17 @@ def test_partial_dense_with_nothing_free_trains_only_the_bias():
             ValueError,
             "fixed_diagonal",
             id="band_fixed_2d",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="refimpl bug: the array == 'from_weights' test in "
+                "BandedDense.__init__ raises an unrelated ValueError first",
+            ),
+        ),
+        pytest.param(
+            lambda: BandedDense(0, 0, fixed_diagonal=[[1.0, 0.0], [0.0, 1.0]]),
+            ValueError,
+            "fixed_diagonal",
+            id="band_fixed_2d_list",
         ),
         pytest.param(
             lambda: BandedDense(0, 0, fixed_diagonal="one"),
@@ -302,6 +467,13 @@ def test_partial_dense_with_nothing_free_trains_only_the_bias():
             ValueError,
             "col_sizes",
             id="block_width_unknown",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="refimpl message regression: since BlockDense shares "
+                "structured.block_sizes, the error says 'give one block of that "
+                "shape (for example tf.zeros(...)) or its size' and no longer "
+                "names `col_sizes`",
+            ),
         ),
         pytest.param(
             lambda: BlockDense([[EYE3]], row_sizes=[2]),
@@ -397,7 +569,7 @@ def test_bad_from_dense_argument_raises(dense, error):
 
 def test_kernel_of_an_unbuilt_layer_raises():
     with pytest.raises(AttributeError, match="Build the layer"):
-        PartialDense(2, []).kernel  # noqa: B018
+        PartialDense(2, np.zeros((3, 2), bool)).kernel  # noqa: B018
 
 
 def _eager_adamw_steps(layer, x, steps=3):
@@ -445,7 +617,7 @@ def test_random_band_frozen_entries_stay_bit_exact_under_adamw(data):
 
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_layer_acts_on_the_last_axis_of_a_rank_3_input(name):
-    factory, n, _ = LAYERS[name]
+    factory, n, _, _ = LAYERS[name]
     layer = factory()
     x = _data(n).reshape(2, 8, n)
     y = layer(x).numpy()
