@@ -32,43 +32,41 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from refimpl.constraints import FreezeEntries
-from refimpl.masked_optimizer import MaskedOptimizer, apply_masked_gradients
-from refimpl.layers import DiagonalDense, PartialDense
-from refimpl.variables import PartialVariable
+from evidence import registry
 
-#: The techniques :func:`train` knows. Each trains with a custom loop around
-#: ``strategy.run``; all but ``partial_variable`` also with ``model.fit``.
-TECHNIQUES = (
-    "partial_variable",
-    "restore_frozen",
-    "partial_dense",
-    "diagonal_dense",
-    "freeze_entries",
+#: The techniques :func:`train` knows: every exact technique of the registry
+#: that has a setup. Each trains with a custom loop around ``strategy.run``.
+TECHNIQUES: tuple[registry.Technique, ...] = tuple(
+    t for t in registry.TECHNIQUES if t.distributed
 )
+#: Those that also train with ``model.fit``.
+FIT: tuple[registry.Technique, ...] = tuple(t for t in TECHNIQUES if t.fit)
 STEPS = 20
 _ROWS = 32
 
 
-def problem(technique: str = "partial_variable") -> dict[str, np.ndarray]:
+def problem(technique="partial_delta") -> dict[str, np.ndarray]:
     """Return the data, the starting kernel and the mask of ``technique``.
 
-    Every technique trains the same data. ``diagonal_dense`` starts from the
-    diagonal of the common kernel and frees the diagonal only (its other
-    entries are zeros); the others free the diagonal and the one above it.
+    Every technique trains the same data. A technique that takes any mask, or
+    a band, frees the diagonal and the one above it; one that takes only the
+    diagonal (``diagonal_dense``) frees the diagonal. A structured layer holds
+    only its free values, so its frozen entries start at zero.
 
     >>> sorted(problem())
     ['initial', 'mask', 'x', 'y']
     >>> int(problem("diagonal_dense")["mask"].sum())
     4
     """
+    technique = registry.get(technique)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(_ROWS, 4)).astype("float32")
     initial = rng.normal(size=(4, 4)).astype("float32")
     y = x @ rng.normal(size=(4, 4)).astype("float32")
-    mask = np.eye(4, dtype=bool) | np.eye(4, k=1, dtype=bool)
-    if technique == "diagonal_dense":
-        mask = np.eye(4, dtype=bool)
+    mask = np.eye(4, dtype=bool)
+    if technique.mask != "diagonal":
+        mask |= np.eye(4, k=1, dtype=bool)
+    if technique.mask != "any":
         initial = np.where(mask, initial, np.float32(0.0))
     return {"x": x, "y": y, "initial": initial, "mask": mask}
 
@@ -77,24 +75,6 @@ def _optimizer():
     # AdamW: its weight decay moves every entry it sees, so only an exact
     # technique keeps the frozen entries.
     return keras.optimizers.AdamW(learning_rate=0.05, weight_decay=0.1)
-
-
-def _model(technique, data):
-    """A one-layer Keras model; the layer's ``kernel`` is the dense kernel."""
-    init = keras.initializers.Constant(data["initial"])
-    if technique == "partial_dense":
-        layer = PartialDense(4, data["mask"], use_bias=False, kernel_initializer=init)
-    elif technique == "diagonal_dense":
-        diagonal = keras.initializers.Constant(np.diag(data["initial"]))
-        layer = DiagonalDense(kernel_initializer=diagonal)
-    else:
-        constraint = None
-        if technique == "freeze_entries":
-            constraint = FreezeEntries(data["mask"], data["initial"])
-        layer = keras.layers.Dense(
-            4, use_bias=False, kernel_initializer=init, kernel_constraint=constraint
-        )
-    return keras.Sequential([keras.Input((4,)), layer]), layer
 
 
 def _replica_batch(x, y):
@@ -106,20 +86,11 @@ def _replica_batch(x, y):
 
 
 def _custom_loop(technique, strategy, data, steps):
+    # The technique's setup is the one of the exactness matrix.
     with strategy.scope():
-        if technique == "partial_variable":
-            weight = PartialVariable(data["initial"], data["mask"], mode="delta")
-            variables, kernel = [weight.free], weight.value
-        elif technique == "restore_frozen":
-            weight = tf.Variable(data["initial"])
-            variables, kernel = [weight], weight.read_value
-        else:
-            model, layer = _model(technique, data)
-            variables = model.trainable_variables
-
-            def kernel():
-                return layer.kernel
-
+        variables, output, kernel, apply = technique.setup(
+            data["initial"], data["mask"], "float32"
+        )
         optimizer = _optimizer()
         optimizer.build(variables)  # slots are variables: create them in scope
 
@@ -127,15 +98,12 @@ def _custom_loop(technique, strategy, data, steps):
         x, y = _replica_batch(data["x"], data["y"])
         with tf.GradientTape() as tape:
             # Divide by the global batch size: the optimizer sums replicas.
-            loss = tf.reduce_sum((x @ kernel() - y) ** 2) / _ROWS
+            loss = tf.reduce_sum((output(x) - y) ** 2) / _ROWS
         grads = tape.gradient(loss, variables)
-        if technique == "restore_frozen":
-            pairs = list(zip(grads, variables))
-            apply_masked_gradients(
-                optimizer, pairs, [data["mask"]], restore_frozen=True
-            )
-        else:  # Keras applies FreezeEntries after the update
+        if apply is None:  # Keras applies a constraint after the update
             optimizer.apply_gradients(zip(grads, variables))
+        else:  # apply_masked_gradients(..., restore_frozen=True)
+            apply(optimizer, grads)
 
     @tf.function
     def step():
@@ -147,12 +115,12 @@ def _custom_loop(technique, strategy, data, steps):
 
 
 def _fit(technique, strategy, data, steps):
+    # A one-layer model; a masked technique wraps the optimizer in a
+    # refimpl.MaskedOptimizer.
     with strategy.scope():
-        model, layer = _model(technique, data)
-        if technique == "restore_frozen":
-            masks = [(layer.kernel, data["mask"])]
-            model = MaskedGradientModel(model, masks, restore_frozen=True)
-        model.compile(optimizer=_optimizer(), loss="mse")
+        layer, wrap = technique.fit(data["initial"], data["mask"])
+        model = keras.Sequential([keras.Input((4,)), layer])
+        model.compile(optimizer=wrap(_optimizer()), loss="mse")
     dataset = tf.data.Dataset.from_tensor_slices((data["x"], data["y"]))
     model.fit(
         dataset.batch(_ROWS).repeat(), steps_per_epoch=steps, shuffle=False, verbose=0
@@ -160,28 +128,33 @@ def _fit(technique, strategy, data, steps):
     return lambda: layer.kernel
 
 
-def train(technique: str, strategy, *, fit: bool = False, steps: int = STEPS):
+def train(technique, strategy, *, fit: bool = False, steps: int = STEPS):
     """Train ``technique`` under ``strategy``; return the final dense kernel.
 
     Args:
-        technique: one of :data:`TECHNIQUES`.
+        technique: the id of a technique of :data:`TECHNIQUES` (or of
+            :data:`FIT` with ``fit=True``), or its registry record.
         strategy: a ``tf.distribute.Strategy``; ``tf.distribute.get_strategy()``
             for one device.
-        fit: train with ``model.fit`` instead of a custom loop (not for
-            ``partial_variable``, which is not a Keras layer).
+        fit: train with ``model.fit`` instead of a custom loop.
         steps: full-batch AdamW steps.
 
     Returns:
         The kernel after training as every local replica sees it, read from
         its own copies of the variables: a NumPy array ``[replicas, 4, 4]``.
     """
-    if technique not in TECHNIQUES or (fit and technique == "partial_variable"):
+    known = FIT if fit else TECHNIQUES
+    try:
+        record = registry.get(technique)
+    except ValueError:
+        record = None
+    if record not in known:
         raise ValueError(
-            f"`technique` must be one of {TECHNIQUES} (not partial_variable with "
-            f"fit=True). Received: technique={technique!r}, fit={fit}"
+            f"`technique` must be one of {[t.id for t in known]}"
+            f"{' (with fit=True)' if fit else ''}. Received: technique={technique!r}"
         )
     run = _fit if fit else _custom_loop
-    kernel = run(technique, strategy, problem(technique), steps)
+    kernel = run(record, strategy, problem(record), steps)
     per_replica = strategy.run(tf.function(lambda: tf.identity(kernel())))
     local = strategy.experimental_local_results(per_replica)
     return np.stack([keras.ops.convert_to_numpy(k) for k in local])
@@ -223,8 +196,9 @@ def launch(out_dir: str, *, workers: int = 2, timeout: float = 120) -> list[dict
     or times out.
 
     Returns:
-        One dict per worker: technique name -> per-replica kernels (or the
-        ``model.fit`` error, see :func:`main`).
+        One dict per worker: technique id -> per-replica kernels, and
+        ``"<id>_fit"`` -> the same from ``model.fit`` (or, under
+        ``"<id>_fit_error"``, its error: see :func:`main`).
     """
     ports = free_ports(workers)
     deadline = time.monotonic() + timeout
@@ -262,18 +236,19 @@ def launch(out_dir: str, *, workers: int = 2, timeout: float = 120) -> list[dict
 
 
 def _train_all(strategy) -> dict:
-    """Every technique with a custom loop, and with ``model.fit`` where it runs.
+    """Every technique with a custom loop, and with ``model.fit`` where it has one.
 
-    Where ``model.fit`` fails, the error's type and first line are kept under
-    ``"<technique>_fit_error"`` instead of the kernels.
+    Keys are technique ids, and ``"<id>_fit"`` for ``model.fit``. Where
+    ``model.fit`` fails, the error's type and first line are kept under
+    ``"<id>_fit_error"`` instead of the kernels.
     """
-    results = {name: train(name, strategy) for name in TECHNIQUES}
-    for name in TECHNIQUES[1:]:
+    results = {t.id: train(t, strategy) for t in TECHNIQUES}
+    for t in FIT:
         try:
-            results[f"{name}_fit"] = train(name, strategy, fit=True)
+            results[f"{t.id}_fit"] = train(t, strategy, fit=True)
         except Exception as err:  # noqa: BLE001 - reported, not hidden
             first_line = (str(err).splitlines() or [""])[0]
-            results[f"{name}_fit_error"] = f"{type(err).__name__}: {first_line}"
+            results[f"{t.id}_fit_error"] = f"{type(err).__name__}: {first_line}"
     return results
 
 

@@ -3,14 +3,15 @@
 This pytest process has already initialised TensorFlow with one CPU device,
 so every strategy runs in a fresh process with a hard timeout:
 
-* ``python -m refimpl._distributed_worker --mirrored DIR`` splits its CPU into
+* ``python -m evidence.distributed --mirrored DIR`` splits its CPU into
   two logical devices and trains every technique under a MirroredStrategy and
   on one device;
-* :func:`refimpl._distributed_worker.launch` starts two worker processes of a
+* :func:`evidence.distributed.launch` starts two worker processes of a
   MultiWorkerMirroredStrategy on 127.0.0.1 and always stops them.
 
 Each runs once per test session (module-scoped fixtures); the tests assert on
-the kernels the processes wrote.
+the kernels the processes wrote. Those runs are marked ``slow``; the checks of
+the launcher's helpers and of bad arguments are not.
 """
 
 import json
@@ -23,19 +24,19 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from refimpl import _distributed_worker as worker
+from evidence import distributed, registry
 from refimpl import assert_frozen
 
 TIMEOUT_S = 120
 # The results of n replicas differ from one device only in the order of a sum.
 RTOL, ATOL = 1e-5, 1e-6
 
-CUSTOM_LOOP = list(worker.TECHNIQUES)
-FIT = [f"{name}_fit" for name in worker.TECHNIQUES[1:]]
+CUSTOM_LOOP = [t.id for t in distributed.TECHNIQUES]
+FIT = [f"{t.id}_fit" for t in distributed.FIT]
 
 
 def _start_and_mask(key: str) -> tuple[np.ndarray, np.ndarray]:
-    data = worker.problem(key.removesuffix("_fit"))
+    data = distributed.problem(key.removesuffix("_fit"))
     return data["initial"], data["mask"]
 
 
@@ -51,7 +52,7 @@ def _kernels(results: dict, key: str) -> np.ndarray:
 def mirrored(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("mirrored")
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "-1"}
-    cmd = [sys.executable, "-m", "refimpl._distributed_worker", "--mirrored", out]
+    cmd = [sys.executable, "-m", "evidence.distributed", "--mirrored", out]
     done = subprocess.run(
         cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False
     )
@@ -83,7 +84,7 @@ for name in sys.argv[2:]:
     def step():
         grads_and_vars = [(tf.ones((2, 2)), w)]
         refimpl.apply_masked_gradients(
-            optimizer, grads_and_vars, [np.eye(2, dtype=bool)], restore_frozen=True
+            optimizer, grads_and_vars, [(w, np.eye(2, dtype=bool))], restore_frozen=True
         )
     tf.function(lambda: strategy.run(step))()
     local = strategy.experimental_local_results(w)
@@ -109,7 +110,7 @@ def restored(tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("workers")
-    return worker.launch(str(out), workers=2, timeout=TIMEOUT_S)
+    return distributed.launch(str(out), workers=2, timeout=TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +118,7 @@ def single(mirrored) -> dict:
     return {key: mirrored[f"single_{key}"][0] for key in CUSTOM_LOOP + FIT}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", CUSTOM_LOOP + FIT)
 def test_mirrored_keeps_frozen_entries_bit_exact(mirrored, key):
     start, mask = _start_and_mask(key)
@@ -124,6 +126,7 @@ def test_mirrored_keeps_frozen_entries_bit_exact(mirrored, key):
         assert_frozen(start, kernel, mask)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", CUSTOM_LOOP + FIT)
 def test_mirrored_trains_the_free_entries(mirrored, key):
     kernel = _kernels(mirrored, key)[0]
@@ -131,12 +134,14 @@ def test_mirrored_trains_the_free_entries(mirrored, key):
     assert (kernel[mask] != start[mask]).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", CUSTOM_LOOP + FIT)
 def test_mirrored_replicas_hold_identical_bits(mirrored, key):
     first, second = _kernels(mirrored, key)
     np.testing.assert_array_equal(first, second)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", CUSTOM_LOOP + FIT)
 def test_mirrored_matches_single_device(mirrored, single, key):
     np.testing.assert_allclose(
@@ -144,12 +149,14 @@ def test_mirrored_matches_single_device(mirrored, single, key):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", CUSTOM_LOOP + FIT)
 def test_single_device_keeps_frozen_entries_bit_exact(single, key):
     start, mask = _start_and_mask(key)
     assert_frozen(start, single[key], mask)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", CUSTOM_LOOP)
 def test_multi_worker_keeps_frozen_entries_bit_exact(workers, key):
     start, mask = _start_and_mask(key)
@@ -157,11 +164,13 @@ def test_multi_worker_keeps_frozen_entries_bit_exact(workers, key):
         assert_frozen(start, _kernels(results, key)[0], mask)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", CUSTOM_LOOP)
 def test_multi_worker_workers_hold_identical_bits(workers, key):
     np.testing.assert_array_equal(_kernels(workers[0], key), _kernels(workers[1], key))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", CUSTOM_LOOP)
 def test_multi_worker_matches_single_device(workers, single, key):
     np.testing.assert_allclose(
@@ -169,6 +178,7 @@ def test_multi_worker_matches_single_device(workers, single, key):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 def test_restore_frozen_in_replica_context_is_exact(restored, aggregation):
     before = np.array([[1.0, 2.0], [3.0, 4.0]], "float32")
@@ -179,6 +189,7 @@ def test_restore_frozen_in_replica_context_is_exact(restored, aggregation):
         np.testing.assert_allclose(replica, expected, rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
     reason=(
@@ -196,6 +207,7 @@ def test_multi_worker_fit_matches_single_device(workers, single, key):
         )
 
 
+@pytest.mark.slow
 def test_multi_worker_fit_error_is_the_keras_batch_reduction(workers):
     # Documents the failure the xfail above expects, so that a different
     # failure (a refimpl one) cannot hide behind it.
@@ -221,19 +233,19 @@ def _processes_mentioning(text: str) -> list[str]:
 
 def test_launch_kills_workers_that_time_out(tmp_path):
     with pytest.raises(RuntimeError, match="worker 0 failed \\(timed out\\)"):
-        worker.launch(str(tmp_path), workers=2, timeout=0.5)
+        distributed.launch(str(tmp_path), workers=2, timeout=0.5)
     if pathlib.Path("/proc/self/cmdline").exists():
         assert _processes_mentioning(str(tmp_path)) == []
 
 
 def test_free_ports_are_distinct_loopback_ports():
-    ports = worker.free_ports(3)
+    ports = distributed.free_ports(3)
     assert len(set(ports)) == 3
     assert all(0 < port < 65536 for port in ports)
 
 
 def test_tf_config_names_loopback_workers_only():
-    config = json.loads(worker.tf_config([5001, 5002], 0))
+    config = json.loads(distributed.tf_config([5001, 5002], 0))
     assert config["cluster"]["worker"] == ["127.0.0.1:5001", "127.0.0.1:5002"]
     assert config["task"] == {"type": "worker", "index": 0}
 
@@ -242,10 +254,40 @@ def test_tf_config_names_loopback_workers_only():
     "technique, fit",
     [
         pytest.param("adam", False, id="unknown"),
-        pytest.param("partial_variable", True, id="partial_variable_fit"),
+        pytest.param("PartialVariable (delta)", False, id="a_label_not_an_id"),
+        pytest.param("grad_mask", False, id="not_exact"),
+        pytest.param("separate_variables", True, id="no_fit_form"),
     ],
 )
 def test_bad_technique_raises(technique, fit):
     with pytest.raises(ValueError, match="`technique`") as info:
-        worker.train(technique, tf.distribute.get_strategy(), fit=fit)
+        distributed.train(technique, tf.distribute.get_strategy(), fit=fit)
     assert repr(technique) in str(info.value)
+
+
+def test_the_distributed_techniques_are_the_exact_ones_with_a_setup():
+    expected = [t for t in registry.TECHNIQUES if t.exact and t.setup is not None]
+    assert list(distributed.TECHNIQUES) == expected
+    assert {t.id for t in distributed.FIT} == {
+        t.id for t in expected if t.fit is not None
+    }
+    assert {t.family for t in distributed.TECHNIQUES} == set(registry.FAMILIES)
+
+
+@pytest.mark.parametrize("technique", CUSTOM_LOOP)
+def test_problem_starts_from_what_the_technique_can_hold(technique):
+    data = distributed.problem(technique)
+    assert data["mask"].any() and not data["mask"].all()
+    if registry.get(technique).mask != "any":  # a structured layer: zeros outside
+        assert (data["initial"][~data["mask"]] == 0).all()
+
+
+def test_train_in_process_keeps_frozen_entries_and_trains_the_free_ones():
+    # One short custom loop and one fit, on the default (one-device) strategy.
+    data = distributed.problem("partial_delta")
+    for fit in (False, True):
+        (kernel,) = distributed.train(
+            "partial_delta", tf.distribute.get_strategy(), fit=fit, steps=2
+        )
+        assert_frozen(data["initial"], kernel, data["mask"])
+        assert (kernel[data["mask"]] != data["initial"][data["mask"]]).all()
