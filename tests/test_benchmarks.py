@@ -1,26 +1,44 @@
 """Smoke test of the benchmark pipeline: it runs and writes a well-formed CSV.
 
 No timing is asserted: CI machines are shared and noisy. What is checked is
-the shape of the result that the book reads.
+the shape of the result that the book reads. The quick run takes a while, so
+the tests that read it are marked ``slow``; building and stepping every
+variant once, and the committed results, are checked in the fast suite.
 """
 
 import math
+import pathlib
+import struct
 
+import keras
+import numpy as np
 import pytest
+import tensorflow as tf
 
-from benchmarks import report, run, variants
+from evidence import registry
+from evidence.benchmarks import report, run, variants
+
+# The benchmarked techniques that train one full variable.
+RESTRICT = [t.id for t in registry.select(family=registry.RESTRICT) if t.benchmark]
+PLOTS = ("optimizer_state", "ratio_vs_density", "ratio_vs_n")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def quick_rows(tmp_path_factory):
+def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     assert run.main(["--quick", "--out", str(out), "--repeats", "2"]) == 0
-    csvs = sorted(out.glob("*-quick.csv"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def quick_rows(quick_run):
+    csvs = sorted(quick_run.glob("*-quick.csv"))
     assert len(csvs) == 1, csvs
-    pngs = sorted(p.name for p in out.glob("*.png"))
-    return report.read_csv(csvs[0]), pngs
+    return report.read_csv(csvs[0]), csvs[0].name.removesuffix("-quick.csv")
 
 
+@pytest.mark.slow
 def test_quick_run_writes_the_agreed_columns_in_order(quick_rows):
     rows, _ = quick_rows
     assert list(rows[0]) == report.COLUMNS
@@ -31,6 +49,7 @@ def test_quick_run_writes_the_agreed_columns_in_order(quick_rows):
     assert report.COLUMNS[: len(agreed)] == agreed
 
 
+@pytest.mark.slow
 def test_quick_run_has_one_row_per_variant_and_setting(quick_rows):
     rows, _ = quick_rows
     keys = [(r["jit"], r["n"], r["variant"], r["density"]) for r in rows]
@@ -41,6 +60,7 @@ def test_quick_run_has_one_row_per_variant_and_setting(quick_rows):
         assert found == expected
 
 
+@pytest.mark.slow
 def test_dense_baseline_has_ratio_one(quick_rows):
     rows, _ = quick_rows
     for dense in report.select(rows, variant="dense_adam"):
@@ -49,6 +69,7 @@ def test_dense_baseline_has_ratio_one(quick_rows):
         assert dense["ratio_q75"] == 1.0
 
 
+@pytest.mark.slow
 def test_timed_rows_have_positive_ordered_statistics(quick_rows):
     rows, _ = quick_rows
     timed = [r for r in rows if r["status"] == "ok"]
@@ -59,6 +80,7 @@ def test_timed_rows_have_positive_ordered_statistics(quick_rows):
         assert math.isfinite(r["ratio_to_dense"])
 
 
+@pytest.mark.slow
 def test_rows_that_did_not_run_say_why_and_have_no_timing(quick_rows):
     rows, _ = quick_rows
     for r in rows:
@@ -67,11 +89,12 @@ def test_rows_that_did_not_run_say_why_and_have_no_timing(quick_rows):
             assert r["median_ms"] is None and r["ratio_to_dense"] is None
 
 
+@pytest.mark.slow
 def test_parameter_and_state_counts_follow_the_technique(quick_rows):
     rows, _ = quick_rows
     for r in report.select(rows, status="ok"):
         n = r["n"]
-        full = {"dense_adam", *variants.MASKED, "one_hot_scatter", "band_naive"}
+        full = {variants.BASELINE, "band_naive", *RESTRICT}
         if r["variant"] in full:
             assert r["optimizer_state_values"] == 2 * n * n  # Adam: 2 slots
         if r["variant"] == "partial_delta":
@@ -81,10 +104,80 @@ def test_parameter_and_state_counts_follow_the_technique(quick_rows):
             assert r["free_params"] == n and r["optimizer_state_values"] == 2 * n
 
 
-def test_quick_run_draws_the_plots(quick_rows):
-    _, pngs = quick_rows
-    assert pngs == [
-        "cpu-quick_optimizer_state.png",
-        "cpu-quick_ratio_vs_density.png",
-        "cpu-quick_ratio_vs_n.png",
-    ] or all(p.startswith("gpu-quick") for p in pngs)
+def _png_size(path: pathlib.Path) -> tuple[int, int]:
+    """Width and height of a PNG file; fails unless it is a PNG with pixels."""
+    data = path.read_bytes()
+    assert data.startswith(PNG_SIGNATURE), f"{path.name} is not a PNG"
+    assert data[12:16] == b"IHDR", f"{path.name} has no PNG header chunk"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+@pytest.mark.slow
+def test_quick_run_draws_every_plot_as_a_non_empty_png(quick_run, quick_rows):
+    _, device = quick_rows
+    assert device == report.machine_description()[0]
+    expected = {f"{device}-quick_{plot}.png" for plot in PLOTS}
+    assert {p.name for p in quick_run.glob("*.png")} == expected
+    for name in sorted(expected):
+        width, height = _png_size(quick_run / name)
+        assert width > 100 and height > 100, (name, width, height)
+
+
+@pytest.mark.parametrize("plot", PLOTS)
+def test_the_committed_plots_are_non_empty_pngs(plot):
+    width, height = _png_size(run.RESULTS / f"cpu_{plot}.png")
+    assert width > 100 and height > 100
+
+
+def test_the_committed_results_name_only_known_variants():
+    for csv in sorted(run.RESULTS.glob("*.csv")):
+        rows = report.read_csv(csv)
+        assert rows, csv.name
+        assert {r["variant"] for r in rows} <= set(variants.ALL), csv.name
+    full = report.read_csv(run.RESULTS / "cpu.csv")
+    assert {r["variant"] for r in full} == set(variants.ALL)
+
+
+# refimpl 1.0 in progress: PartialVariable(mode="select").value() reads its
+# mask with NumPy on first use, which fails when that use is inside
+# tf.function (as in every benchmark step, and in model.fit). At density 0.5,
+# "auto" chooses "select". Strict: the fix turns these into failures to remove.
+_SELECT_IN_FUNCTION = pytest.mark.xfail(
+    raises=NotImplementedError,
+    strict=True,
+    reason="refimpl: PartialVariable(mode='select') first read in tf.function",
+)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=_SELECT_IN_FUNCTION)
+        if name in ("partial_select", "partial_auto")
+        else name
+        for name in variants.ALL
+    ],
+)
+def test_every_variant_builds_and_takes_a_step(name):
+    rng = np.random.default_rng(0)
+    variant = variants.build(name, 8, rng, density=0.5)
+    assert variant.name == name and variant.free_params > 0
+    x = tf.constant(rng.standard_normal((4, 8)).astype("float32"))
+    optimizer = keras.optimizers.Adam(1e-3)
+    optimizer.build(variant.params)
+    before = [np.array(p) for p in variant.params]
+    loss = variants.make_step(variant, optimizer, jit=False)(x, tf.zeros((4, 8)))
+    assert np.isfinite(float(loss))
+    assert any((np.array(p) != b).any() for p, b in zip(variant.params, before))
+
+
+def test_variants_are_techniques_of_the_registry_or_comparisons():
+    for name in variants.ALL:
+        technique = variants.technique(name)
+        if technique is None:
+            assert name == variants.BASELINE or name.endswith("_naive")
+        else:
+            assert technique is registry.get(name) and technique.benchmark
+    with pytest.raises(ValueError, match="PartialVariable"):
+        variants.build("PartialVariable (delta)", 8, np.random.default_rng(0))

@@ -3,12 +3,16 @@
 The CSV has one row per (``jit``, ``n``, ``variant``, ``density``). Its first
 columns are the agreed schema that the book reads; later columns only add
 detail (why a variant did not run, the mode a partial variable chose, ...).
-Matplotlib is imported only by the plotting functions.
+Matplotlib is imported only by the plotting functions. :data:`GROUPS` (which
+variants each overview plot shows) comes from :mod:`evidence.registry`
+through :mod:`evidence.benchmarks.variants`.
 
 Columns:
 
 * ``device`` (``cpu`` or ``gpu``), ``tf_version``, ``jit`` (``True`` with
-  ``jit_compile=True``), ``n`` (the weight is n x n), ``variant``;
+  ``jit_compile=True``), ``n`` (the weight is n x n), ``variant`` (a
+  technique id of :mod:`evidence.registry`, or a comparison: ``dense_adam``
+  and the naive idioms ``diag_naive``, ``band_naive``, ``block_naive``);
 * ``density``: the fraction of free entries of the mask, blank for the dense
   step and the structured forms;
 * ``free_params``: the values that can change the output (k for a mask, n for
@@ -32,6 +36,8 @@ import csv
 import pathlib
 import platform
 
+from evidence.benchmarks import variants
+
 COLUMNS = (
     "device,tf_version,jit,n,variant,density,free_params,optimizer_state_values,"
     "median_ms,q25_ms,q75_ms,ratio_to_dense,ratio_q25,ratio_q75,repeats,"
@@ -43,24 +49,8 @@ _INT |= {"steps", "batch"}
 _FLOAT = {"density", "median_ms", "q25_ms", "q75_ms", "ratio_to_dense"}
 _FLOAT |= {"ratio_q25", "ratio_q75"}
 
-# Families, for plots with one idea each.
-GROUPS = {
-    "restrict the update": (
-        "grad_mask",
-        "grad_mask_restore",
-        "stop_gradient_mask",
-        "one_hot_scatter",
-    ),
-    "sparse delta": ("partial_delta", "partial_select", "partial_auto"),
-    "structured": (
-        "diag_naive",
-        "diag_refimpl",
-        "band_naive",
-        "band_refimpl",
-        "block_naive",
-        "block_refimpl",
-    ),
-}
+# The plots, one idea each, and the variants in each: from the registry.
+GROUPS = variants.GROUPS
 
 
 def machine_description() -> tuple[str, str]:
@@ -276,10 +266,10 @@ def save_plots(rows, outdir, device: str) -> list[pathlib.Path]:
         len(jits), len(GROUPS), figsize=(5 * len(GROUPS), 3.8 * len(jits))
     )
     for i, jit in enumerate(jits):
-        for j, (group, variants) in enumerate(GROUPS.items()):
+        for j, (group, names) in enumerate(GROUPS.items()):
             ax = axes[i][j] if len(jits) > 1 else axes[j]
             title = f"{group}, {'XLA' if jit else 'tf.function'}"
-            plot_ratio_vs_n(rows, variants, jit=jit, ax=ax, title=title)
+            plot_ratio_vs_n(rows, names, jit=jit, ax=ax, title=title)
     fig.tight_layout()
     written.append(outdir / f"{device}_ratio_vs_n.png")
     fig.savefig(written[-1], dpi=90)
@@ -288,8 +278,7 @@ def save_plots(rows, outdir, device: str) -> list[pathlib.Path]:
     fig, axes = plt.subplots(1, len(jits), figsize=(5.5 * len(jits), 3.8))
     for i, jit in enumerate(jits):
         ax = axes[i] if len(jits) > 1 else axes
-        variants = (*GROUPS["sparse delta"], "one_hot_scatter")
-        plot_ratio_vs_density(rows, variants, n=sizes[-1], jit=jit, ax=ax)
+        plot_ratio_vs_density(rows, variants.SWEPT, n=sizes[-1], jit=jit, ax=ax)
     fig.tight_layout()
     written.append(outdir / f"{device}_ratio_vs_density.png")
     fig.savefig(written[-1], dpi=90)

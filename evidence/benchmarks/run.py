@@ -1,8 +1,12 @@
 """Time one training step of every technique against the dense step.
 
-    python -m evidence.benchmarks.run           # full run: CSV and plots in benchmarks/results
-    python -m evidence.benchmarks.run --quick   # seconds: a smoke test of the whole pipeline
-    python -m evidence.benchmarks.run --sizes 256 1024 4096 16384   # larger n, on a GPU
+    python -m evidence.benchmarks.run          # full run: CSV and plots in results/
+    python -m evidence.benchmarks.run --quick  # seconds: a smoke test of it all
+    python -m evidence.benchmarks.run --sizes 256 1024 4096 16384  # larger n, on a GPU
+
+The results folder is ``evidence/benchmarks/results``. The variants are the
+benchmarked techniques of ``evidence.registry`` (named by their ids), the
+naive idioms they replace and the dense baseline (``dense_adam``).
 
 The step is forward (``y = x @ W``), mean squared error, gradient and an Adam
 update, inside ``tf.function`` and again with ``jit_compile=True``, for a batch
@@ -78,8 +82,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.repeats = args.repeats or (3 if quick else 7)
     args.target_ms = args.target_ms or (2.0 if quick else 100.0)
     args.variants = args.variants or list(variants.ALL)
-    if "dense_adam" not in args.variants:
-        args.variants.insert(0, "dense_adam")
+    if variants.BASELINE not in args.variants:
+        args.variants.insert(0, variants.BASELINE)
     if args.sweeps is None:
         args.sweeps = not quick
     return args
@@ -88,10 +92,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def cases(names, densities):
     """(variant, density) pairs in report order; density None where unused."""
     for name in names:
-        if name in variants.BY_DENSITY:
+        if name in variants.SWEPT:
             for d in densities:
                 yield name, d
-        elif name in variants.MASKED:
+        elif name in variants.FIXED:
             yield name, variants.MASK_DENSITY
         else:
             yield name, None
@@ -135,7 +139,7 @@ def measure(case_list, n, jit, args, common, *, bandwidth=variants.BANDWIDTH):
             took = time.perf_counter() - t0
             print(f"    {name} {density or ''}: built and warmed up in {took:.1f} s")
     times = timing.interleaved(steps, x, y, counts, repeats=args.repeats, seed=n)
-    baseline = times[0]  # dense_adam comes first
+    baseline = times[0]  # the dense baseline comes first
     for key, samples in times.items():
         rows[key].update(timing.summarise(samples, baseline))
     del built, steps
@@ -172,7 +176,7 @@ def main(argv=None) -> int:
         ]
         for name, sweep in (("bandwidth", band), ("crossover", cross)):
             sweep_rows = measure(
-                [("dense_adam", None, None), *sweep], n, False, args, common
+                [(variants.BASELINE, None, None), *sweep], n, False, args, common
             )
             written.append(args.out / f"{device}{suffix}_{name}.csv")
             report.write_csv(sweep_rows, written[-1])
