@@ -68,12 +68,14 @@ LAYERS = {
 
 SELECT_IN_GRAPH = pytest.mark.xfail(
     strict=True,
+    raises=NotImplementedError,
     reason="refimpl bug: a select-mode PartialVariable whose value() is first "
     "read inside a tf.function (fit or predict before any eager call, or after "
     "loading) reads its mask with numpy() and raises NotImplementedError",
 )
 SHELL_SET_WEIGHTS = pytest.mark.xfail(
     strict=True,
+    raises=ValueError,
     reason="refimpl bug: PartialDense.from_config builds a PartialVariable shell "
     "that set_weights fills but does not mark loaded; calling it raises "
     "'rebuilt from a config without its values'",
@@ -301,6 +303,7 @@ def test_partial_dense_modes_build_the_same_kernel():
             id="empty_list",
             marks=pytest.mark.xfail(
                 strict=True,
+                raises=ValueError,
                 reason="refimpl bug: masks.mask_shape([]) reads an empty list "
                 "as a float mask of shape (0,), so PartialDense refuses the "
                 "empty index list that PartialVariable and to_mask accept",
@@ -333,6 +336,7 @@ def test_partial_dense_defaults_to_delta_and_its_kernel_is_a_partial_variable():
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason="refimpl bug (or doc bug): notes/API.md says the weight order of a "
     "PartialDense is free, base, positions, bias; Keras lists a layer's own "
     "weights (bias) before its sub-layer's (the kernel PartialVariable)",
@@ -384,6 +388,7 @@ def test_fixed_values_stay_bit_exact_under_weight_decay():
 
 @pytest.mark.xfail(
     strict=True,
+    raises=ValueError,
     reason="refimpl bug: BandedDense.__init__ compares fixed_diagonal == "
     "'from_weights'; for a NumPy array of 2+ numbers that is an array, and "
     "`or` raises 'The truth value of an array ... is ambiguous'",
@@ -415,6 +420,7 @@ def test_banded_dense_takes_a_numpy_fixed_diagonal():
             id="band_fixed_2d",
             marks=pytest.mark.xfail(
                 strict=True,
+                raises=AssertionError,
                 reason="refimpl bug: the array == 'from_weights' test in "
                 "BandedDense.__init__ raises an unrelated ValueError first",
             ),
@@ -469,6 +475,7 @@ def test_banded_dense_takes_a_numpy_fixed_diagonal():
             id="block_width_unknown",
             marks=pytest.mark.xfail(
                 strict=True,
+                raises=AssertionError,
                 reason="refimpl message regression: since BlockDense shares "
                 "structured.block_sizes, the error says 'give one block of that "
                 "shape (for example tf.zeros(...)) or its size' and no longer "
