@@ -3,9 +3,9 @@
 The CSV has one row per (``jit``, ``n``, ``variant``, ``density``). Its first
 columns are the agreed schema that the book reads; later columns only add
 detail (why a variant did not run, the mode a partial variable chose, ...).
-Matplotlib is imported only by the plotting functions. :data:`GROUPS` (which
-variants each overview plot shows) comes from :mod:`evidence.registry`
-through :mod:`evidence.benchmarks.variants`.
+Matplotlib is imported only by the plotting functions, and TensorFlow only
+for ``GROUPS`` (which variants each overview plot shows, from
+:mod:`evidence.registry` through :mod:`evidence.benchmarks.variants`).
 
 Columns:
 
@@ -36,8 +36,6 @@ import csv
 import pathlib
 import platform
 
-from evidence.benchmarks import variants
-
 COLUMNS = (
     "device,tf_version,jit,n,variant,density,free_params,optimizer_state_values,"
     "median_ms,q25_ms,q75_ms,ratio_to_dense,ratio_q25,ratio_q75,repeats,"
@@ -49,8 +47,16 @@ _INT |= {"steps", "batch"}
 _FLOAT = {"density", "median_ms", "q25_ms", "q75_ms", "ratio_to_dense"}
 _FLOAT |= {"ratio_q25", "ratio_q75"}
 
-# The plots, one idea each, and the variants in each: from the registry.
-GROUPS = variants.GROUPS
+
+def __getattr__(name: str):
+    # GROUPS (the plots, one idea each, and the variants in each) comes from
+    # the registry, which imports TensorFlow: only when asked for, so that
+    # reading a CSV stays light.
+    if name == "GROUPS":
+        from evidence.benchmarks import variants
+
+        return variants.GROUPS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def machine_description() -> tuple[str, str]:
@@ -258,6 +264,8 @@ def save_plots(rows, outdir, device: str) -> list[pathlib.Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from evidence.benchmarks.variants import GROUPS, SWEPT
+
     outdir = pathlib.Path(outdir)
     written = []
     sizes = sorted({r["n"] for r in rows})
@@ -278,7 +286,7 @@ def save_plots(rows, outdir, device: str) -> list[pathlib.Path]:
     fig, axes = plt.subplots(1, len(jits), figsize=(5.5 * len(jits), 3.8))
     for i, jit in enumerate(jits):
         ax = axes[i] if len(jits) > 1 else axes
-        plot_ratio_vs_density(rows, variants.SWEPT, n=sizes[-1], jit=jit, ax=ax)
+        plot_ratio_vs_density(rows, SWEPT, n=sizes[-1], jit=jit, ax=ax)
     fig.tight_layout()
     written.append(outdir / f"{device}_ratio_vs_density.png")
     fig.savefig(written[-1], dpi=90)
