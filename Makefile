@@ -17,12 +17,24 @@ export PYTHONHASHSEED := 0
 
 .PHONY: book check test lint unit fast notebooks check-book build-book execute bench clean
 
+# MathJax for the book, served from the build (no CDN): tools/install_mathjax.py
+# fetches the pinned npm package into the git-ignored _mathjax/.
+MATHJAX  := _mathjax/_static/mathjax/es5/tex-mml-chtml.js
+
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -c 'import sys; assert (3, 10) <= sys.version_info[:2] <= (3, 12), "Python 3.10-3.12 is required, found " + sys.version.split()[0]'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	touch $(STAMP)
+
+$(STAMP): $(MATHJAX)
+
+$(MATHJAX): tools/install_mathjax.py
+	@command -v npm >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q npm; \
+	  else echo "npm is needed to install MathJax: install Debian's npm package (apt-get install npm)"; exit 1; fi; }
+	$(PYTHON) tools/install_mathjax.py
 
 book: $(STAMP)
 	rm -rf _build
