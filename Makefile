@@ -1,7 +1,9 @@
 # Partially Trainable: the book, its notebooks and the refimpl package.
 #   make book     build the HTML book into _build/html (from stored outputs)
 #   make check    lint and the fast tests (no `slow` marker), in about a minute
-#   make test     everything CI runs: lint, every test, notebooks, strict build
+#   make test     everything CI runs: lint, every test, notebooks, strict build,
+#                 the book in a browser
+#   make browser  build the book and check it in headless Chromium, offline
 #   make execute  re-run every notebook in place after editing it
 #   make bench    run the benchmarks and rewrite evidence/benchmarks/results/
 PYTHON ?= python3
@@ -16,10 +18,13 @@ export TF_CPP_MIN_LOG_LEVEL := 3
 export PYTHONHASHSEED := 0
 
 .PHONY: book check test lint unit fast notebooks check-book build-book execute bench clean
+.PHONY: browser
 
 # MathJax for the book, served from the build (no CDN): tools/install_mathjax.py
 # fetches the pinned npm package into the git-ignored _mathjax/.
 MATHJAX  := _mathjax/_static/mathjax/es5/tex-mml-chtml.js
+# Debian's Chromium, for `make browser`.
+CHROMIUM ?= /usr/bin/chromium
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -c 'import sys; assert (3, 10) <= sys.version_info[:2] <= (3, 12), "Python 3.10-3.12 is required, found " + sys.version.split()[0]'
@@ -43,7 +48,7 @@ book: $(STAMP)
 
 check: lint fast
 
-test: lint unit check-book notebooks build-book
+test: lint unit check-book notebooks build-book browser
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)
@@ -63,6 +68,17 @@ notebooks: $(STAMP)
 	  --nbval-sanitize-with tools/nbval_sanitize.cfg $(NOTEBOOKS)
 
 build-book: book
+
+# The built book in headless Chromium, offline (tests/browser): every page loads
+# without console errors or outside requests, math typeset, images loaded, no
+# sideways scroll at 400 px, navigation opens on a phone, search works.
+browser: $(STAMP) book
+	@test -x $(CHROMIUM) || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	  else echo "$(CHROMIUM) is missing: install Debian's chromium package (apt-get install chromium)"; exit 1; fi; }
+	BOOK_HTML=$(CURDIR)/_build/html CHROMIUM=$(CHROMIUM) \
+	  $(BIN)/python -m pytest -q tests/browser --confcutdir=tests/browser
 
 execute: $(STAMP)
 	for nb in $(NOTEBOOKS); do \
