@@ -239,14 +239,14 @@ def parse_grid(blocks, row_sizes, col_sizes):
         for j, b in enumerate(row):
             if isinstance(b, str) and b not in ("trainable", "fixed"):
                 raise ValueError(
-                    f"A block is None, 'trainable', 'fixed' or a 2-D array. "
-                    f"Received: blocks[{i}][{j}]={b!r}"
+                    f"`blocks[{i}][{j}]` must be None, 'trainable', 'fixed' or "
+                    f"a 2-D array. Received: blocks[{i}][{j}]={b!r}"
                 )
             if b is not None and not isinstance(b, str):
                 b = float_array(b, f"blocks[{i}][{j}]", max_ndim=2)
                 if b.ndim != 2 or 0 in b.shape:
                     raise ValueError(
-                        f"A fixed block must be a non-empty 2-D array. "
+                        f"`blocks[{i}][{j}]` must be a non-empty 2-D array. "
                         f"Received: blocks[{i}][{j}].shape={b.shape}"
                     )
             grid[-1].append(b)
@@ -256,5 +256,6 @@ def parse_grid(blocks, row_sizes, col_sizes):
         "blocks",
         given_sizes(row_sizes, len(grid), "row_sizes"),
         given_sizes(col_sizes, len(grid[0]), "col_sizes"),
+        size_names=("row_sizes", "col_sizes"),
     )
     return grid, heights, widths

@@ -70,8 +70,8 @@ class FreezeEntries(keras.constraints.Constraint, KerasSaveable):
             shape = mask_shape(mask)
             if shape is None:
                 raise ValueError(
-                    "With a scalar `values`, `mask` must be a boolean mask of "
-                    "the variable's shape (an index list does not say the "
+                    "`mask` must be a boolean mask of the variable's shape when "
+                    "`values` is a scalar (an index list does not say the "
                     f"shape). Received: mask={mask!r}"
                 )
         self._mask = to_mask(mask, shape, name="mask")
@@ -86,7 +86,7 @@ class FreezeEntries(keras.constraints.Constraint, KerasSaveable):
         >>> FreezeEntries.from_variable(w, [True, False]).values.tolist()
         [1.0, 2.0]
         """
-        return cls(np.array(ops.convert_to_numpy(variable)), mask)
+        return cls(_values(variable, name="variable"), mask)
 
     @property
     def mask(self) -> np.ndarray:
@@ -104,8 +104,9 @@ class FreezeEntries(keras.constraints.Constraint, KerasSaveable):
         self._check_loaded()
         if tuple(w.shape) != self._mask.shape:
             raise ValueError(
-                f"FreezeEntries was built for a variable of shape "
-                f"{self._mask.shape}. Received a variable of shape {tuple(w.shape)}"
+                f"`w` must have the shape FreezeEntries was built for, "
+                f"{self._mask.shape}: apply it to the variable it freezes. "
+                f"Received a variable of shape {tuple(w.shape)}"
             )
         frozen = ops.cast(self._values, w.dtype)
         return ops.where(self._mask, w, frozen)
@@ -153,19 +154,19 @@ class FreezeEntries(keras.constraints.Constraint, KerasSaveable):
             )
 
 
-def _values(values) -> np.ndarray:
+def _values(values, name: str = "values") -> np.ndarray:
     if hasattr(values, "numpy"):
         values = values.numpy()
     try:
         array = np.asarray(values)
     except (TypeError, ValueError) as err:
         raise TypeError(
-            f"`values` must be a number or a rectangular numeric array. "
-            f"Received: values={values!r}"
+            f"`{name}` must be a number or a rectangular numeric array. "
+            f"Received: {name}={values!r}"
         ) from err
     if array.dtype.kind in "OSUmMb":  # bfloat16 (kind 'V') is numeric
         raise TypeError(
-            f"`values` must be a number or a rectangular numeric array. "
-            f"Received dtype {array.dtype}: values={values!r}"
+            f"`{name}` must be a number or a rectangular numeric array. "
+            f"Received dtype {array.dtype}: {name}={values!r}"
         )
     return array

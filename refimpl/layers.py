@@ -41,6 +41,7 @@ from refimpl.structured import (
     diagonal,
     diagonal_matmul,
 )
+from refimpl.variables import _constant
 
 __all__ = ["BandedDense", "BlockDense", "DiagonalDense", "PartialDense"]
 
@@ -202,7 +203,8 @@ class BandedDense(StructuredDense):
         self.upper = non_negative_int(upper, "upper")
         self._fixed = (
             fixed_diagonal
-            if fixed_diagonal is None or fixed_diagonal == "from_weights"
+            if fixed_diagonal is None
+            or (isinstance(fixed_diagonal, str) and fixed_diagonal == "from_weights")
             else float_array(fixed_diagonal, "fixed_diagonal", max_ndim=1)
         )
         self.diagonal_initializer = keras.initializers.get(diagonal_initializer)
@@ -237,7 +239,7 @@ class BandedDense(StructuredDense):
             self.fixed_diagonal = self.add_weight(
                 name="fixed_diagonal",
                 shape=(n,),
-                initializer=keras.initializers.Constant(start.tolist()),
+                initializer=_constant(start),
                 trainable=False,
             )
         else:
@@ -384,9 +386,9 @@ class BlockDense(StructuredDense):
         n = input_dim(input_shape)
         if n != sum(self._heights):
             raise ValueError(
-                f"The input size must be the sum of the block-row heights "
-                f"{self._heights}, {sum(self._heights)}. Received an input of "
-                f"shape {tuple(input_shape)}"
+                f"`input_shape` must end in the sum of the block-row heights "
+                f"{self._heights}, {sum(self._heights)}. Received: "
+                f"input_shape={tuple(input_shape)}"
             )
         for i, row in enumerate(self._grid):
             for j, entry in enumerate(row):
@@ -403,7 +405,7 @@ class BlockDense(StructuredDense):
                     weight = self.add_weight(
                         name=f"fixed_{i}_{j}",
                         shape=shape,
-                        initializer=keras.initializers.Constant(start.tolist()),
+                        initializer=_constant(start),
                         trainable=False,
                     )
                     setattr(self, f"fixed_{i}_{j}", weight)

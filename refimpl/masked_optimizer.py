@@ -77,9 +77,11 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         TypeError: for an inner object that is not a Keras optimizer, masks
             that are not ``(variable, mask)`` pairs, or a non-bool
             ``restore_frozen``.
-        ValueError: for an option that belongs to the inner optimizer, a mask
-            that does not fit its variable, or (when built) a masked variable
-            that is not being trained.
+        ValueError: for an unknown optimizer name, an option that belongs to
+            the inner optimizer, a mask that does not fit its variable, or
+            (when built) a masked variable that is not being trained; and at
+            the first update, for masks rebuilt from a config whose values
+            were never loaded.
 
     >>> w = keras.Variable([1.0, 1.0, 1.0])
     >>> opt = MaskedOptimizer(keras.optimizers.AdamW(0.1), [(w, [True, False, True])],
@@ -106,13 +108,30 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
                     f"MaskedOptimizer only filters the update. Received: "
                     f"{option} on the MaskedOptimizer"
                 )
+        if "learning_rate" in kwargs:
+            raise ValueError(
+                "`learning_rate` belongs to the inner optimizer: set it there, "
+                "for example keras.optimizers.Adam(learning_rate=...); the "
+                "wrapper's learning_rate reads and sets the inner one. "
+                f"Received: learning_rate={kwargs['learning_rate']!r} on the "
+                "MaskedOptimizer"
+            )
         saved = kwargs.pop("masked_variables", None)
         if kwargs:
+            name = sorted(kwargs)[0]
             raise TypeError(
-                f"MaskedOptimizer got unexpected arguments: {sorted(kwargs)}"
+                f"`{name}` is not an argument of MaskedOptimizer, which takes "
+                "`optimizer`, `masks`, `restore_frozen` and `name`. "
+                f"Received: {name}={kwargs[name]!r}"
             )
         if isinstance(optimizer, str):
-            optimizer = keras.optimizers.get(optimizer)
+            try:
+                optimizer = keras.optimizers.get(optimizer)
+            except ValueError as err:
+                raise ValueError(
+                    "`optimizer` must be a Keras optimizer or the name of one "
+                    f"(such as 'adam'). Received: optimizer={optimizer!r}"
+                ) from err
         if not isinstance(optimizer, keras.optimizers.Optimizer):
             raise TypeError(
                 "`optimizer` must be a Keras optimizer, such as "
@@ -139,6 +158,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         self._saved = saved
         self._mask_of: dict[str, keras.Variable] = {}
         self._scaled: set[str] = set()
+        self._masks_loaded = self._pairs is not None
 
     @property
     def _pairs(self):
@@ -189,23 +209,38 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
                     f"the variable it is matched to has shape "
                     f"{tuple(var_list[index].shape)}"
                 )
-            out[index] = np.ones(shape, np.float32)  # the values are loaded
-            if entry.get("scaled"):
-                out[index][...] = 0.5
+            # A mark no mask holds: the values come with the optimizer's
+            # weights, and apply refuses to run until they have.
+            out[index] = np.full(shape, _NOT_LOADED, np.float32)
         return out
 
     def load_own_variables(self, store):
         super().load_own_variables(store)
+        self._check_masks_loaded()
+
+    def _check_masks_loaded(self) -> None:
+        """Refuse masks rebuilt from a config whose values were never loaded."""
         for variable, mask in zip(
             self._trainable_variables, self._ordered_masks(), strict=True
         ):
+            if mask is None:
+                continue
             key = self._var_key(variable)
-            if mask is not None:
-                values = keras.ops.convert_to_numpy(mask)
-                if ((values > 0) & (values < 1)).any():
-                    self._scaled.add(key)
-                else:
-                    self._scaled.discard(key)
+            values = _read_now(mask)
+            if (values == _NOT_LOADED).any():
+                raise ValueError(
+                    f"The mask of '{_path(variable)}' was rebuilt from the "
+                    "MaskedOptimizer's config without its values, which are "
+                    "saved with the optimizer's variables. Load them with "
+                    "`keras.saving.load_model` (Keras warns 'Skipping variable "
+                    "loading for optimizer' when it could not), or pass the "
+                    "masks again: MaskedOptimizer(optimizer, masks)."
+                )
+            if ((values > 0) & (values < 1)).any():
+                self._scaled.add(key)
+            else:
+                self._scaled.discard(key)
+        self._masks_loaded = True
 
     def _ordered_masks(self):
         return [self._mask_of.get(self._var_key(v)) for v in self._trainable_variables]
@@ -227,6 +262,8 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables)
             self.built = True
+        if not self._masks_loaded:
+            self._check_masks_loaded()
         masks, scaled = [], []
         for variable in trainable_variables:
             key = self._var_key(variable)
@@ -243,6 +280,11 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         )
 
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+        """Not supported: the JAX backend's functional update.
+
+        Raises:
+            NotImplementedError: always; use the TensorFlow backend.
+        """
         raise NotImplementedError(
             "MaskedOptimizer runs on the TensorFlow backend; "
             "stateless_apply (JAX) is not supported yet"
@@ -349,19 +391,25 @@ def mask_gradients(grads_and_vars, masks) -> list[tuple]:
     """
     grads, variables = _split(grads_and_vars)
     arrays = pair_masks(masks, variables)
-    out = []
+    _check_gradients(grads, variables, arrays)
+    return [
+        (grad if mask is None else _mask_one(grad, mask_constant(mask)), variable)
+        for grad, variable, mask in zip(grads, variables, arrays, strict=True)
+    ]
+
+
+def _check_gradients(grads, variables, arrays) -> None:
+    """Refuse a ``None`` gradient for a masked variable (it would not train)."""
     for i, (grad, variable, mask) in enumerate(
         zip(grads, variables, arrays, strict=True)
     ):
         if mask is not None and grad is None:
             raise ValueError(
                 f"The gradient of the masked variable '{_path(variable)}' "
-                f"(grads_and_vars[{i}]) is None: the loss does not depend on it. "
-                "Compute the loss from the variable inside the tape."
+                f"(`grads_and_vars[{i}]`) is None: the loss does not depend on "
+                "it. Compute the loss from the variable inside the tape. "
+                f"Received: grads_and_vars[{i}]=(None, {_path(variable)!r})"
             )
-        masked = grad if mask is None else _mask_one(grad, mask_constant(mask))
-        out.append((masked, variable))
-    return out
 
 
 def apply_masked_gradients(
@@ -408,14 +456,7 @@ def apply_masked_gradients(
     if not variables:
         return
     arrays = pair_masks(masks, variables, scales=True)
-    for i, (grad, variable, mask) in enumerate(
-        zip(grads, variables, arrays, strict=True)
-    ):
-        if mask is not None and grad is None:
-            raise ValueError(
-                f"The gradient of the masked variable '{_path(variable)}' "
-                f"(grads_and_vars[{i}]) is None: the loss does not depend on it."
-            )
+    _check_gradients(grads, variables, arrays)
     tensors = [None if a is None else tf.constant(a) for a in arrays]
     scaled = [a is not None and bool(((a > 0) & (a < 1)).any()) for a in arrays]
     _masked_step(optimizer, grads, variables, tensors, scaled, restore_frozen)
@@ -502,6 +543,13 @@ def _split(grads_and_vars) -> tuple[list, list]:
                 "such as X[0] is a new tensor, not a view). Received an object "
                 f"of type {type(pair[1]).__name__}"
             )
+        if any(pair[1] is v for v in variables):
+            raise ValueError(
+                f"`grads_and_vars[{i}]` gives a second gradient for the variable "
+                f"{_path(pair[1])!r}: give each variable once (add its "
+                f"gradients first). Received: grads_and_vars[{i}]="
+                f"({type(pair[0]).__name__}, {_path(pair[1])!r})"
+            )
         grads.append(pair[0])
         variables.append(pair[1])
     return grads, variables
@@ -522,6 +570,15 @@ def _find_path(path: str, var_list) -> int:
         f"model being trained does not have. Its variables: "
         f"{[_path(v) for v in var_list][:8]}"
     )
+
+
+_NOT_LOADED = -1.0
+
+
+def _read_now(variable) -> np.ndarray:
+    """A variable's current value as NumPy, also while a function is traced."""
+    with tf.init_scope():
+        return keras.ops.convert_to_numpy(variable.value)
 
 
 class _Untracked:

@@ -286,6 +286,8 @@ def mask_shape(mask, *, name: str = "mask") -> tuple[int, ...] | None:
     ((1, 2), None)
     """
     array = _as_numpy(mask, name)
+    if array.size == 0 and array.dtype != bool:
+        return None  # an empty index list, as to_mask reads it
     if array.dtype == bool or np.issubdtype(array.dtype, np.floating):
         return tuple(array.shape)
     return None
@@ -346,10 +348,13 @@ def pair_masks(masks, variables, *, name: str = "masks", scales: bool = False):
             named twice, or a mask that does not fit.
     """
     pairs = check_pairs(masks, name=name)
-    position = {id(v): i for i, v in enumerate(variables)}
-    out: list = [None] * len(position)
+    positions: dict[int, list[int]] = {}
+    for i, variable in enumerate(variables):
+        positions.setdefault(id(variable), []).append(i)
+    out: list = [None] * len(variables)
     for i, (variable, mask) in enumerate(pairs):
-        index = position.get(id(variable))
+        found = positions.get(id(variable))
+        index = None if found is None else found[0]
         if index is None:
             raise ValueError(
                 f"`{name}[{i}]` names a variable that is not among the "
@@ -363,7 +368,9 @@ def pair_masks(masks, variables, *, name: str = "masks", scales: bool = False):
             )
         shape = normalize_shape(tuple(variable.shape), name=f"{name}[{i}] shape")
         convert = to_update_scale if scales else to_mask
-        out[index] = convert(mask, shape, name=f"{name}[{i}]")
+        converted = convert(mask, shape, name=f"{name}[{i}]")
+        for index in found:
+            out[index] = converted
     return out
 
 
@@ -405,4 +412,5 @@ def _check_shape(array: np.ndarray, shape: tuple[int, ...], name: str) -> None:
 
 def _short(array: np.ndarray) -> str:
     text = np.array2string(np.asarray(array), threshold=12, separator=", ")
+    text = " ".join(text.split())  # one line
     return text if len(text) < 200 else text[:197] + "..."

@@ -98,8 +98,9 @@ class PartialDense(StructuredDense):
             )
         if trainable_mask is not None and num_free is not None:
             raise ValueError(
-                "Give `trainable_mask` or (for a layer rebuilt from a config) "
-                f"`num_free`, not both. Received: num_free={num_free!r}"
+                "`num_free` is only for a layer rebuilt from a config, which has "
+                "no `trainable_mask`: give one or the other. "
+                f"Received: num_free={num_free!r} with a trainable_mask"
             )
         self.units = int(units)
         self.mode = mode

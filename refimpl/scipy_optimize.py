@@ -154,9 +154,10 @@ def _variables_and_masks(variables, mask):
         )
     for i, var in enumerate(var_list):
         if not isinstance(var, tf.Variable) or not var.dtype.is_floating:
+            name = "variables" if single else f"variables[{i}]"
             raise TypeError(
-                f"`variables[{i}]` must be a tf.Variable of floating dtype. "
-                f"Received: {var!r}"
+                f"`{name}` must be a tf.Variable of floating dtype. "
+                f"Received: {name}={var!r}"
             )
     if len({id(v) for v in var_list}) != len(var_list):
         raise ValueError("`variables` lists the same variable more than once.")

@@ -406,7 +406,7 @@ def check_rectangular(rows, name: str) -> None:
         )
 
 
-def block_sizes(shapes, name: str, heights=None, widths=None):
+def block_sizes(shapes, name: str, heights=None, widths=None, *, size_names=None):
     """Infer and check the block-row heights and block-column widths of a grid.
 
     The one size check of every block grid in the package (:func:`block`,
@@ -418,6 +418,9 @@ def block_sizes(shapes, name: str, heights=None, widths=None):
         name: the grid argument's name, used in error messages.
         heights, widths: sizes given by the caller (lists with ``None`` for
             unknown entries), checked against the blocks.
+        size_names: the names of the arguments that give ``heights`` and
+            ``widths``, if the caller has them: a size that no block tells is
+            then asked of that argument.
 
     Returns:
         ``(heights, widths)``, lists of ints.
@@ -441,9 +444,16 @@ def block_sizes(shapes, name: str, heights=None, widths=None):
                         f"one {what}, {sizes[k]}. Received: "
                         f"{name}[{i}][{j}].shape={tuple(shape)}"
                     )
-    for sizes, kind in ((heights, "row"), (widths, "column")):
+    for axis, (sizes, kind) in enumerate(((heights, "row"), (widths, "column"))):
         if None in sizes:
             what = "height" if kind == "row" else "width"
+            if size_names is not None:
+                given = size_names[axis]
+                raise ValueError(
+                    f"`{given}` must give the {what} of block {kind} "
+                    f"{sizes.index(None)}: no block of `{name}` in it has a "
+                    f"shape of its own. The {what}s known: {sizes}"
+                )
             raise ValueError(
                 f"Block {kind} {sizes.index(None)} of `{name}` has no block of a "
                 f"known shape, so its {what} cannot be inferred; give one block of "

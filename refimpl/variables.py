@@ -213,15 +213,20 @@ class PartialVariable(keras.layers.Layer):
             value = None
         else:
             if initial_value is None or mask is None:
-                missing = "initial_value" if initial_value is None else "mask"
+                missing, given = (
+                    ("initial_value", "mask")
+                    if initial_value is None
+                    else ("mask", "initial_value")
+                )
                 raise ValueError(
-                    f"`initial_value` and `mask` go together. Received: {missing}=None"
+                    f"`{missing}` is required with `{given}`. Received: {missing}=None"
                 )
             if shape is not None or num_free is not None:
+                extra = "shape" if shape is not None else "num_free"
                 raise ValueError(
-                    "Give either `initial_value` and `mask`, or (for a shell) "
-                    f"`shape` and `num_free`. Received: shape={shape!r}, "
-                    f"num_free={num_free!r}"
+                    f"`{extra}` is only for a shell rebuilt from a config, "
+                    "which has no `initial_value` or `mask`: give one or the "
+                    f"other. Received: shape={shape!r}, num_free={num_free!r}"
                 )
             value = _float_array(initial_value)
             shape = tuple(value.shape)
@@ -238,17 +243,20 @@ class PartialVariable(keras.layers.Layer):
         self._loaded = value is not None
         index_dtype = "int32" if int(np.prod(shape)) < 2**31 else "int64"
         free_shape = (num_free,) if mode == "delta" else shape
+        # A shell starts with marks that no loaded model holds: positions
+        # out of range and a NaN base. `_check_loaded` looks for them once.
+        size = int(np.prod(shape))
         self.base = self.add_weight(
             name="base",
             shape=shape,
-            initializer=_constant(value),
+            initializer=_constant(value, fill=np.nan),
             trainable=False,
         )
         self.positions = self.add_weight(
             name="positions",
             shape=(num_free,),
             dtype=index_dtype,
-            initializer=_constant(None if value is None else flat),
+            initializer=_constant(None if value is None else flat, fill=size),
             trainable=False,
         )
         if value is None:
@@ -260,7 +268,6 @@ class PartialVariable(keras.layers.Layer):
         self.free = self.add_weight(
             name="free", shape=free_shape, initializer=_constant(start)
         )
-        self._mask_tensor = None
         self.built = True
 
     @classmethod
@@ -279,7 +286,7 @@ class PartialVariable(keras.layers.Layer):
         >>> keras.ops.convert_to_numpy(v.free)
         array([3.], dtype=float32)
         """
-        return cls(keras.ops.convert_to_numpy(w), mask, **kwargs)
+        return cls(_float_array(w, name="w"), mask, **kwargs)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -296,14 +303,14 @@ class PartialVariable(keras.layers.Layer):
         """The boolean mask, a NumPy array of :attr:`shape` (``True`` = free)."""
         self._check_loaded()
         mask = np.zeros(int(np.prod(self._shape)), bool)
-        mask[keras.ops.convert_to_numpy(self.positions)] = True
+        mask[_read_now(self.positions)] = True
         return mask.reshape(self._shape)
 
     @property
     def indices(self) -> np.ndarray:
         """The ``[k, rank]`` int64 positions of the free values, in their order."""
         self._check_loaded()
-        flat = keras.ops.convert_to_numpy(self.positions).astype(np.int64)
+        flat = _read_now(self.positions).astype(np.int64)
         return np.stack(np.unravel_index(flat, self._shape), axis=-1)
 
     def value(self):
@@ -328,16 +335,25 @@ class PartialVariable(keras.layers.Layer):
         )
 
     def _select_mask(self):
-        if self._mask_tensor is None:
-            self._mask_tensor = mask_constant(self.mask)
-        return self._mask_tensor
-
-    def load_own_variables(self, store):
-        super().load_own_variables(store)
-        self._loaded = True
-        self._mask_tensor = None
+        # Built from the positions at every call, in the graph: a mask
+        # captured once would go stale when the weights are reloaded.
+        size = int(np.prod(self._shape))
+        ones = keras.ops.ones((self._num_free,), "int32")
+        positions = keras.ops.expand_dims(self.positions.value, -1)
+        flat = keras.ops.scatter(positions, ones, (size,))
+        return keras.ops.reshape(keras.ops.greater(flat, 0), self._shape)
 
     def _check_loaded(self) -> None:
+        # A shell is filled by load_model, load_weights, set_weights or an
+        # assign: whichever it was, its marks are gone. Read once, eagerly.
+        if self._loaded:
+            return
+        size = int(np.prod(self._shape))
+        positions = _read_now(self.positions)
+        base = _read_now(self.base)
+        self._loaded = not (
+            np.any(positions >= size) or (size > 0 and np.all(np.isnan(base)))
+        )
         if not self._loaded:
             raise ValueError(
                 f"PartialVariable '{self.name}' was rebuilt from a config "
@@ -352,18 +368,18 @@ class PartialVariable(keras.layers.Layer):
         return {**super().get_config(), **config}
 
 
-def _float_array(value) -> np.ndarray:
+def _float_array(value, name: str = "initial_value") -> np.ndarray:
     try:
         array = np.asarray(keras.ops.convert_to_numpy(value))
     except (TypeError, ValueError) as err:
         raise TypeError(
-            "`initial_value` must be a floating-point array or tensor. "
-            f"Received: initial_value={value!r}"
+            f"`{name}` must be a floating-point array or tensor. "
+            f"Received: {name}={value!r}"
         ) from err
     if not np.issubdtype(array.dtype, np.floating) and array.dtype.name != "bfloat16":
         raise TypeError(
-            "`initial_value` must be a floating-point tensor. "
-            f"Received dtype {array.dtype}"
+            f"`{name}` must be a floating-point tensor. "
+            f"Received dtype {array.dtype}: {name}={value!r}"
         )
     return array
 
@@ -379,10 +395,18 @@ def _count(value, size: int) -> int:
     return int(value)
 
 
-def _constant(array):
+def _constant(array, fill=0):
     if array is None:
-        return "zeros"
+        return keras.initializers.Constant(fill)
     return lambda shape, dtype=None: keras.ops.cast(np.asarray(array), dtype)
+
+
+def _read_now(variable) -> np.ndarray:
+    """A variable's current value as NumPy, also while a function is traced."""
+    if keras.backend.backend() == "tensorflow":
+        with tf.init_scope():
+            return keras.ops.convert_to_numpy(variable.value)
+    return keras.ops.convert_to_numpy(variable.value)
 
 
 def _compose(base, indices, free, mode, mask):

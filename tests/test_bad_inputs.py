@@ -11,8 +11,7 @@ Each case calls one public name with one bad argument and pins
 * a piece of the received value the message shows.
 
 `test_every_public_name_has_a_bad_input_case` fails when a name is added to
-`refimpl.__all__` without a case here. A case whose message breaks the rule in
-refimpl today is marked ``xfail(strict=True)`` with the reason.
+`refimpl.__all__` without a case here.
 
 Edge cases that are *valid* (an all-true mask, an empty mask where "nothing
 is trainable" makes sense) are tested for what they do at the end.
@@ -92,15 +91,7 @@ def _masked_build_foreign():
     optimizer.build([_var()])
 
 
-# Messages that break the rule today (see each reason).
-NO_BACKTICKS = "the message names no argument in backticks"
-PAIR_DUPLICATE = (
-    "refimpl/masks.py pair_masks sizes its result by the number of DISTINCT "
-    "variables (`out = [None] * len(position)`), so a variables list with a "
-    "repeat raises IndexError instead of the 'second mask' ValueError"
-)
-
-# (id, public name, call, exception class, first backticked name, value shown[, xfail reason])
+# (id, public name, call, exception class, first backticked name, value shown)
 CASES = [
     # masks: the shared validation every entry point uses
     ("to_mask_wrong_shape", "to_mask", lambda: refimpl.to_mask([True], (2,)), ValueError, "mask", "(1,)"),
@@ -132,8 +123,7 @@ CASES = [
     ("minimize_not_callable", "minimize", lambda: refimpl.minimize(1.0, _var()), TypeError, "loss_fn", "1.0"),
     ("minimize_not_variable", "minimize", lambda: refimpl.minimize(lambda: 0.0, tf.constant(W3)), TypeError, "variables", "tf.Tensor"),
     ("minimize_int_variable_in_list", "minimize", lambda: refimpl.minimize(lambda: 0.0, [tf.Variable([1, 2])]), TypeError, "variables[0]", "int32"),
-    ("minimize_int_variable", "minimize", lambda: refimpl.minimize(lambda: 0.0, tf.Variable([1, 2])), TypeError, "variables", "int32",
-     "refimpl/scipy_optimize.py _variables_and_masks names `variables[0]` for a single variable passed without a list (its mask is named `mask`, not `mask[0]`)"),
+    ("minimize_int_variable", "minimize", lambda: refimpl.minimize(lambda: 0.0, tf.Variable([1, 2])), TypeError, "variables", "int32"),
     ("minimize_duplicated_variable", "minimize", lambda: refimpl.minimize(lambda: 0.0, [V, V]), ValueError, "variables", "more than once"),
     ("minimize_mask_shape", "minimize", lambda: refimpl.minimize(lambda: 0.0, _var(), [True]), ValueError, "mask", "(1,)"),
     ("minimize_mask_list_length", "minimize", lambda: refimpl.minimize(lambda: 0.0, [_var()], [EYE, EYE]), ValueError, "mask", "mask=["),
@@ -153,9 +143,8 @@ CASES = [
     ("mask_gradients_float_mask", "mask_gradients", lambda: refimpl.mask_gradients([(W3, V)], [(V, EYE * 0.5)]), ValueError, "masks[0]", "0.5"),
     ("mask_gradients_foreign_variable", "mask_gradients", lambda: refimpl.mask_gradients([(W3, V)], [(_var(), EYE)]), ValueError, "masks[0]", "'Variable'"),
     ("mask_gradients_second_mask", "mask_gradients", lambda: refimpl.mask_gradients([(W3, V)], [(V, EYE), (V, EYE)]), ValueError, "masks[1]", "'v'"),
-    ("mask_gradients_variable_twice", "mask_gradients", lambda: refimpl.mask_gradients([(W3, V), (W3, V)], [(V, EYE)]), ValueError, "grads_and_vars[1]", "'v'", PAIR_DUPLICATE),
-    ("mask_gradients_none_gradient", "mask_gradients", lambda: refimpl.mask_gradients([(None, V)], [(V, EYE)]), ValueError, "grads_and_vars[0]", "'v'",
-     f"refimpl/masked_optimizer.py mask_gradients: {NO_BACKTICKS} (it says 'grads_and_vars[0]' in parentheses)"),
+    ("mask_gradients_variable_twice", "mask_gradients", lambda: refimpl.mask_gradients([(W3, V), (W3, V)], [(V, EYE)]), ValueError, "grads_and_vars[1]", "'v'"),
+    ("mask_gradients_none_gradient", "mask_gradients", lambda: refimpl.mask_gradients([(None, V)], [(V, EYE)]), ValueError, "grads_and_vars[0]", "'v'"),
     # masked_optimizer: apply_masked_gradients
     ("apply_not_optimizer", "apply_masked_gradients", lambda: refimpl.apply_masked_gradients("adam", [(W3, _var())], []), TypeError, "optimizer", "'adam'"),
     ("apply_not_variable", "apply_masked_gradients", lambda: refimpl.apply_masked_gradients(_sgd(), [(W3, tf.constant(W3))], []), TypeError, "grads_and_vars[0]", "EagerTensor"),
@@ -164,24 +153,21 @@ CASES = [
     ("apply_mask_above_one", "apply_masked_gradients", lambda: refimpl.apply_masked_gradients(_sgd(), [(W3, V)], [(V, EYE * 1.5)]), ValueError, "masks[0]", "1.5"),
     ("apply_int_mask", "apply_masked_gradients", lambda: refimpl.apply_masked_gradients(_sgd(), [(W3, V)], [(V, np.eye(3, dtype=int))]), TypeError, "masks[0]", "[[1, 0, 0]"),
     ("apply_restore_not_bool", "apply_masked_gradients", lambda: refimpl.apply_masked_gradients(_sgd(), [(W3, _var())], [], restore_frozen="yes"), TypeError, "restore_frozen", "'yes'"),
-    ("apply_none_gradient", "apply_masked_gradients", lambda: refimpl.apply_masked_gradients(_sgd(), [(None, V)], [(V, EYE)]), ValueError, "grads_and_vars[0]", "'v'",
-     f"refimpl/masked_optimizer.py apply_masked_gradients: {NO_BACKTICKS} (it says 'grads_and_vars[0]' in parentheses)"),
+    ("apply_none_gradient", "apply_masked_gradients", lambda: refimpl.apply_masked_gradients(_sgd(), [(None, V)], [(V, EYE)]), ValueError, "grads_and_vars[0]", "'v'"),
     # masked_optimizer: MaskedOptimizer
     ("masked_optimizer_not_optimizer", "MaskedOptimizer", lambda: refimpl.MaskedOptimizer(3, []), TypeError, "optimizer", "3"),
-    ("masked_optimizer_unknown_name", "MaskedOptimizer", lambda: refimpl.MaskedOptimizer("nope", []), ValueError, "optimizer", "nope",
-     f"refimpl/masked_optimizer.py MaskedOptimizer.__init__ passes Keras' own error for an unknown optimizer name through ('Could not interpret optimizer identifier: nope'): {NO_BACKTICKS}"),
+    ("masked_optimizer_unknown_name", "MaskedOptimizer", lambda: refimpl.MaskedOptimizer("nope", []), ValueError, "optimizer", "nope"),
     ("masked_optimizer_masks_none", "MaskedOptimizer", lambda: refimpl.MaskedOptimizer(_sgd(), None), TypeError, "masks", "None"),
     ("masked_optimizer_masks_array", "MaskedOptimizer", lambda: _masked(EYE), TypeError, "masks", "array("),
     ("masked_optimizer_masks_not_pair", "MaskedOptimizer", lambda: _masked([V]), TypeError, "masks[0]", "<tf.Variable 'v:0'"),
     ("masked_optimizer_masks_slice", "MaskedOptimizer", lambda: _masked([(V[0], [True] * 3)]), TypeError, "masks[0]", "EagerTensor"),
     ("masked_optimizer_mask_shape", "MaskedOptimizer", lambda: _masked([(V, [True])]), ValueError, "masks[0]", "(1,)"),
     ("masked_optimizer_mask_negative", "MaskedOptimizer", lambda: _masked([(V, -EYE.astype("float32"))]), ValueError, "masks[0]", "-1"),
-    ("masked_optimizer_second_mask", "MaskedOptimizer", lambda: _masked([(V, EYE), (V, EYE)]), ValueError, "masks[1]", "'v'", PAIR_DUPLICATE),
+    ("masked_optimizer_second_mask", "MaskedOptimizer", lambda: _masked([(V, EYE), (V, EYE)]), ValueError, "masks[1]", "'v'"),
     ("masked_optimizer_not_trained", "MaskedOptimizer", _masked_build_foreign, ValueError, "masks[0]", "'v'"),
     ("masked_optimizer_restore_not_bool", "MaskedOptimizer", lambda: _masked([], restore_frozen=1), TypeError, "restore_frozen", "1"),
     ("masked_optimizer_clipnorm", "MaskedOptimizer", lambda: _masked([], clipnorm=1.0), ValueError, "clipnorm", "clipnorm on the MaskedOptimizer"),
-    ("masked_optimizer_unknown_argument", "MaskedOptimizer", lambda: _masked([], foo=1), TypeError, "foo", "foo",
-     f"refimpl/masked_optimizer.py MaskedOptimizer.__init__ ('MaskedOptimizer got unexpected arguments: [...]'): {NO_BACKTICKS}"),
+    ("masked_optimizer_unknown_argument", "MaskedOptimizer", lambda: _masked([], foo=1), TypeError, "foo", "foo"),
     # structured
     ("diagonal_rank", "diagonal", lambda: refimpl.diagonal(W3), ValueError, "w", "(3, 3)"),
     ("diagonal_strings", "diagonal", lambda: refimpl.diagonal(["a", "b"]), TypeError, "w", "string"),
@@ -219,16 +205,13 @@ CASES = [
     ("partial_variable_duplicated", "PartialVariable", lambda: refimpl.PartialVariable(W3, [[0, 0], [0, 0]]), ValueError, "mask", "[0, 0]"),
     ("partial_variable_mode", "PartialVariable", lambda: refimpl.PartialVariable(W3, EYE, mode="sparse"), ValueError, "mode", "'sparse'"),
     ("partial_variable_nothing", "PartialVariable", lambda: refimpl.PartialVariable(), ValueError, "initial_value", "initial_value=None"),
-    ("partial_variable_no_mask", "PartialVariable", lambda: refimpl.PartialVariable(W3), ValueError, "mask", "mask=None",
-     "refimpl/variables.py PartialVariable.__init__: the message for a missing `mask` names `initial_value` first ('`initial_value` and `mask` go together. Received: mask=None')"),
+    ("partial_variable_no_mask", "PartialVariable", lambda: refimpl.PartialVariable(W3), ValueError, "mask", "mask=None"),
     ("partial_variable_shell_num_free", "PartialVariable", lambda: refimpl.PartialVariable(shape=(3,), num_free="2"), TypeError, "num_free", "'2'"),
     ("partial_variable_shell_num_free_range", "PartialVariable", lambda: refimpl.PartialVariable(shape=(3,), num_free=4), ValueError, "num_free", "4"),
     ("partial_variable_shell_auto", "PartialVariable", lambda: refimpl.PartialVariable(shape=(3,), num_free=1, mode="auto"), ValueError, "mode", "'auto'"),
-    ("partial_variable_shape_and_value", "PartialVariable", lambda: refimpl.PartialVariable(W3, EYE, shape=(3, 3)), ValueError, "shape", "shape=(3, 3)",
-     "refimpl/variables.py PartialVariable.__init__: `shape` given with `initial_value` is reported naming `initial_value` first ('Give either `initial_value` and `mask`, or ...')"),
+    ("partial_variable_shape_and_value", "PartialVariable", lambda: refimpl.PartialVariable(W3, EYE, shape=(3, 3)), ValueError, "shape", "shape=(3, 3)"),
     ("partial_variable_from_dense_shape", "PartialVariable", lambda: refimpl.PartialVariable.from_dense(W3, EYE[:2]), ValueError, "mask", "(2, 3)"),
-    ("partial_variable_from_dense_strings", "PartialVariable", lambda: refimpl.PartialVariable.from_dense("abc", [True]), TypeError, "w", "<U3",
-     "refimpl/variables.py PartialVariable.from_dense passes `w` to the constructor, whose message names `initial_value`, not from_dense's argument `w`"),
+    ("partial_variable_from_dense_strings", "PartialVariable", lambda: refimpl.PartialVariable.from_dense("abc", [True]), TypeError, "w", "<U3"),
     # layers
     ("diagonal_dense_use_bias", "DiagonalDense", lambda: refimpl.DiagonalDense(use_bias="yes"), TypeError, "use_bias", "'yes'"),
     ("diagonal_dense_from_dense_not_dense", "DiagonalDense", lambda: refimpl.DiagonalDense.from_dense(W3), TypeError, "dense", "array("),
@@ -242,14 +225,12 @@ CASES = [
     ("banded_dense_fixed_strings", "BandedDense", lambda: refimpl.BandedDense(0, 0, fixed_diagonal=["a"]), TypeError, "fixed_diagonal", "['a']"),
     ("banded_dense_from_dense_outside_band", "BandedDense", lambda: refimpl.BandedDense.from_dense(_full_dense(), 1, 0), ValueError, "dense", "4 non-zero"),
     ("banded_dense_from_dense_constraint", "BandedDense", lambda: refimpl.BandedDense.from_dense(_dense(kernel_constraint="non_neg"), 1, 1), ValueError, "dense", "kernel_constraint="),
-    ("block_dense_unknown_entry", "BlockDense", lambda: refimpl.BlockDense([["train"]]), ValueError, "blocks[0][0]", "'train'",
-     f"refimpl/_layer_base.py parse_grid ('A block is None, ...'): {NO_BACKTICKS}"),
+    ("block_dense_unknown_entry", "BlockDense", lambda: refimpl.BlockDense([["train"]]), ValueError, "blocks[0][0]", "'train'"),
     ("block_dense_ragged", "BlockDense", lambda: refimpl.BlockDense([[W3], [W3, W3]]), ValueError, "blocks", "[1, 2]"),
     ("block_dense_heights_differ", "BlockDense", lambda: refimpl.BlockDense([[W3, np.ones((2, 2))]]), ValueError, "blocks", "blocks[0][1].shape=(2, 2)"),
-    ("block_dense_unknown_size", "BlockDense", lambda: refimpl.BlockDense([["trainable"]]), ValueError, "blocks", "Block row 0"),
+    ("block_dense_unknown_size", "BlockDense", lambda: refimpl.BlockDense([["trainable"]]), ValueError, "row_sizes", "block row 0"),
     ("block_dense_sizes_count", "BlockDense", lambda: refimpl.BlockDense([["trainable"]], row_sizes=[3], col_sizes=[2, 1]), ValueError, "col_sizes", "[2, 1]"),
-    ("block_dense_input_size", "BlockDense", lambda: _built(refimpl.BlockDense([[W3]]), 4), ValueError, "input_shape", "(None, 4)",
-     f"refimpl/layers.py BlockDense.build ('The input size must be the sum of the block-row heights'): {NO_BACKTICKS}"),
+    ("block_dense_input_size", "BlockDense", lambda: _built(refimpl.BlockDense([[W3]]), 4), ValueError, "input_shape", "(None, 4)"),
     ("block_dense_from_dense_sizes", "BlockDense", lambda: refimpl.BlockDense.from_dense(_dense(), [["trainable"]], row_sizes=[2], col_sizes=[3]), ValueError, "row_sizes", "row_sizes=[2]"),
     ("block_dense_from_dense_nonzero_outside", "BlockDense", lambda: refimpl.BlockDense.from_dense(_full_dense(), [["trainable", None]], row_sizes=[3], col_sizes=[2, 1]), ValueError, "dense", "3 non-zero"),
     ("partial_dense_units", "PartialDense", lambda: refimpl.PartialDense(-1, EYE), ValueError, "units", "-1"),
@@ -258,8 +239,7 @@ CASES = [
     ("partial_dense_mask_shape", "PartialDense", lambda: refimpl.PartialDense(3, EYE[:, :2]), ValueError, "trainable_mask", "(3, 2)"),
     ("partial_dense_mode", "PartialDense", lambda: refimpl.PartialDense(3, EYE, mode="sparse"), ValueError, "mode", "'sparse'"),
     ("partial_dense_index_out_of_range", "PartialDense", lambda: _built(refimpl.PartialDense(3, [[5, 0]]), 3), ValueError, "trainable_mask", "[5, 0]"),
-    ("partial_dense_mask_and_num_free", "PartialDense", lambda: refimpl.PartialDense(3, EYE, num_free=2), ValueError, "num_free", "num_free=2",
-     "refimpl/partial_dense.py PartialDense.__init__: `num_free` given with `trainable_mask` is reported naming `trainable_mask` first"),
+    ("partial_dense_mask_and_num_free", "PartialDense", lambda: refimpl.PartialDense(3, EYE, num_free=2), ValueError, "num_free", "num_free=2"),
     ("partial_dense_from_dense_not_dense", "PartialDense", lambda: refimpl.PartialDense.from_dense(keras.layers.Dense(3), EYE), TypeError, "dense", "Dense"),
     ("partial_dense_from_dense_mask_shape", "PartialDense", lambda: refimpl.PartialDense.from_dense(_dense(), EYE[:2]), ValueError, "trainable_mask", "(2, 3)"),
     # conversion
@@ -270,13 +250,10 @@ CASES = [
     ("freeze_entries_shape", "FreezeEntries", lambda: refimpl.FreezeEntries(np.zeros((2, 2)), EYE), ValueError, "mask", "(3, 3)"),
     ("freeze_entries_strings", "FreezeEntries", lambda: refimpl.FreezeEntries("abc", EYE), TypeError, "values", "'abc'"),
     ("freeze_entries_int_mask", "FreezeEntries", lambda: refimpl.FreezeEntries(W3, np.eye(3, dtype=int)), TypeError, "mask", "[[1, 0, 0]"),
-    ("freeze_entries_scalar_with_indices", "FreezeEntries", lambda: refimpl.FreezeEntries(0.0, [[0, 0]]), ValueError, "mask", "[[0, 0]]",
-     "refimpl/constraints.py FreezeEntries.__init__: an index-list `mask` with scalar `values` is reported naming `values` first ('With a scalar `values`, `mask` must be ...')"),
-    ("freeze_entries_applied_shape", "FreezeEntries", lambda: refimpl.FreezeEntries(W3, EYE)(tf.zeros((2, 2))), ValueError, "w", "(2, 2)",
-     f"refimpl/constraints.py FreezeEntries.__call__ ('FreezeEntries was built for a variable of shape ...'): {NO_BACKTICKS}"),
+    ("freeze_entries_scalar_with_indices", "FreezeEntries", lambda: refimpl.FreezeEntries(0.0, [[0, 0]]), ValueError, "mask", "[[0, 0]]"),
+    ("freeze_entries_applied_shape", "FreezeEntries", lambda: refimpl.FreezeEntries(W3, EYE)(tf.zeros((2, 2))), ValueError, "w", "(2, 2)"),
     ("freeze_entries_from_variable_mask", "FreezeEntries", lambda: refimpl.FreezeEntries.from_variable(V, [True]), ValueError, "mask", "(1,)"),
-    ("freeze_entries_from_variable_strings", "FreezeEntries", lambda: refimpl.FreezeEntries.from_variable("abc", EYE), TypeError, "variable", "abc",
-     "refimpl/constraints.py FreezeEntries.from_variable passes the array to the constructor, whose message names `values`, not from_variable's argument `variable`"),
+    ("freeze_entries_from_variable_strings", "FreezeEntries", lambda: refimpl.FreezeEntries.from_variable("abc", EYE), TypeError, "variable", "abc"),
     # testing and plotting
     ("moved_shapes", "moved", lambda: refimpl.moved([1.0], [1.0, 2.0]), ValueError, "before", "(2,)"),
     ("moved_dtypes", "moved", lambda: refimpl.moved(np.ones(2, "float32"), np.ones(2)), TypeError, "before", "float64"),
@@ -309,9 +286,8 @@ def test_case_ids_are_unique():
     assert len(ids) == len(set(ids))
 
 
-def _param(case_id, name, call, error, argument, shown, xfail=None):
-    marks = [pytest.mark.xfail(strict=True, reason=xfail)] if xfail else []
-    return pytest.param(call, error, argument, shown, id=case_id, marks=marks)
+def _param(case_id, name, call, error, argument, shown):
+    return pytest.param(call, error, argument, shown, id=case_id)
 
 
 def first_backticked(message: str) -> str | None:
@@ -409,15 +385,6 @@ def test_nan_and_inf_frozen_values_are_kept_bit_exact():
     refimpl.assert_frozen(base, frozen, EYE)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason=(
-        "refimpl/layers.py BandedDense.__init__ compares `fixed_diagonal == "
-        "'from_weights'`; for a NumPy array that is an elementwise comparison "
-        "and `or` raises 'The truth value of an array ... is ambiguous'"
-    ),
-)
 def test_banded_dense_accepts_a_numpy_fixed_diagonal():
     layer = refimpl.BandedDense(0, 0, fixed_diagonal=np.array([1.0, 2.0, 3.0]))
     layer.build((None, 3))

@@ -80,25 +80,10 @@ def test_timed_rows_have_positive_ordered_statistics(quick_rows):
         assert math.isfinite(r["ratio_to_dense"])
 
 
-# refimpl 1.0 in progress: PartialVariable(mode="select").value() reads its
-# mask with NumPy on first use, which fails when that use is inside
-# tf.function, as in every benchmark step (and in model.fit). At density 0.5
-# "auto" chooses "select". Strict: the fix turns these into failures to remove.
-_SELECT_IN_FUNCTION = pytest.mark.xfail(
-    strict=True,
-    reason="refimpl: PartialVariable(mode='select') first read in tf.function",
-)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "name",
-    [
-        pytest.param(name, marks=_SELECT_IN_FUNCTION)
-        if name in ("partial_select", "partial_auto")
-        else name
-        for name in variants.ALL
-    ],
+    variants.ALL,
 )
 def test_every_variant_ran_in_the_quick_run(quick_rows, name):
     rows, _ = quick_rows

@@ -65,21 +65,12 @@ def _masked_optimizer(n):
     return model
 
 
-BAND_ARRAY_BUG = pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="refimpl bug: BandedDense(fixed_diagonal=<NumPy array>) raises 'The "
-    "truth value of an array ... is ambiguous' (fixed_diagonal == "
-    "'from_weights' in BandedDense.__init__)",
-)
-
 CASES = [
     pytest.param(_partial_dense, id="PartialDense"),
     pytest.param(_band_fixed_diagonal, id="BandedDense_fixed_diagonal_list"),
     pytest.param(
         lambda n: _band_fixed_diagonal(n, as_array=True),
         id="BandedDense_fixed_diagonal_array",
-        marks=BAND_ARRAY_BUG,
     ),
     pytest.param(_block_fixed, id="BlockDense_fixed_blocks"),
     pytest.param(_freeze_entries, id="FreezeEntries"),
@@ -155,22 +146,12 @@ def _save_load_seconds(model, path):
     return time.perf_counter() - start
 
 
-BLOCK_LOAD_BUG = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="refimpl performance bug: BlockDense.build (and BandedDense.build) "
-    "initialize fixed weights with keras.initializers.Constant(array.tolist()); "
-    "at n = 4096 turning 8M Python floats into a tensor makes build take about "
-    "15 s and load_model about 11 s, against about 1 s for a Dense model",
-)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "make",
     [
         pytest.param(_partial_dense, id="PartialDense"),
-        pytest.param(_block_fixed, id="BlockDense_fixed_blocks", marks=BLOCK_LOAD_BUG),
+        pytest.param(_block_fixed, id="BlockDense_fixed_blocks"),
     ],
 )
 def test_save_and_load_take_at_most_twice_the_dense_time_at_n_4096(make, tmp_path):

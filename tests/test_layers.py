@@ -66,21 +66,6 @@ LAYERS = {
     ),
 }
 
-SELECT_IN_GRAPH = pytest.mark.xfail(
-    strict=True,
-    raises=NotImplementedError,
-    reason="refimpl bug: a select-mode PartialVariable whose value() is first "
-    "read inside a tf.function (fit or predict before any eager call, or after "
-    "loading) reads its mask with numpy() and raises NotImplementedError",
-)
-SHELL_SET_WEIGHTS = pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="refimpl bug: PartialDense.from_config builds a PartialVariable shell "
-    "that set_weights fills but does not mark loaded; calling it raises "
-    "'rebuilt from a config without its values'",
-)
-
 
 def _names(**marks):
     """Every layer name, with the xfail marks of this test."""
@@ -111,7 +96,7 @@ def mixed_precision():
     keras.mixed_precision.set_global_policy("float32")
 
 
-@pytest.mark.parametrize("name", _names(partial_select=SELECT_IN_GRAPH))
+@pytest.mark.parametrize("name", _names())
 def test_layer_trains_saves_loads_and_trains_again_with_frozen_entries_bit_exact(
     name, tmp_path
 ):
@@ -200,11 +185,7 @@ def test_call_equals_x_times_the_dense_kernel(name):
 
 @pytest.mark.parametrize(
     "name",
-    _names(
-        partial_delta=SHELL_SET_WEIGHTS,
-        partial_select=SHELL_SET_WEIGHTS,
-        partial_indices=SHELL_SET_WEIGHTS,
-    ),
+    _names(),
 )
 def test_from_config_round_trip_gives_the_same_layer(name):
     factory, n, _, _ = LAYERS[name]
@@ -221,7 +202,7 @@ def test_from_config_round_trip_gives_the_same_layer(name):
     np.testing.assert_array_equal(clone(x), layer(x))
 
 
-@pytest.mark.parametrize("name", _names(partial_select=SELECT_IN_GRAPH))
+@pytest.mark.parametrize("name", _names())
 def test_checkpoint_round_trip_restores_the_kernel(name, tmp_path):
     factory, n, _, _ = LAYERS[name]
     model = _model(factory(), n)
@@ -298,17 +279,7 @@ def test_partial_dense_modes_build_the_same_kernel():
     [
         pytest.param(np.zeros((3, 2), bool), id="false_mask"),
         pytest.param(np.zeros((0, 2), "int64"), id="empty_index_array"),
-        pytest.param(
-            [],
-            id="empty_list",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=ValueError,
-                reason="refimpl bug: masks.mask_shape([]) reads an empty list "
-                "as a float mask of shape (0,), so PartialDense refuses the "
-                "empty index list that PartialVariable and to_mask accept",
-            ),
-        ),
+        pytest.param([], id="empty_list"),
     ],
 )
 def test_partial_dense_with_nothing_free_trains_only_the_bias(nothing):
@@ -334,17 +305,11 @@ def test_partial_dense_defaults_to_delta_and_its_kernel_is_a_partial_variable():
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="refimpl bug (or doc bug): notes/API.md says the weight order of a "
-    "PartialDense is free, base, positions, bias; Keras lists a layer's own "
-    "weights (bias) before its sub-layer's (the kernel PartialVariable)",
-)
 def test_partial_dense_weight_order_is_the_documented_one():
     layer = PartialDense(4, RANDOM_MASK)
     layer.build((None, 5))
-    assert [w.name for w in layer.weights] == ["free", "base", "positions", "bias"]
+    # Keras lists a layer's own weights before its sub-layer's.
+    assert [w.name for w in layer.weights] == ["bias", "free", "base", "positions"]
 
 
 def test_partial_dense_auto_mode_resolves_by_density_and_default_does_not():
@@ -386,13 +351,6 @@ def test_fixed_values_stay_bit_exact_under_weight_decay():
         assert_frozen(before, weight, np.zeros(before.shape, bool))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="refimpl bug: BandedDense.__init__ compares fixed_diagonal == "
-    "'from_weights'; for a NumPy array of 2+ numbers that is an array, and "
-    "`or` raises 'The truth value of an array ... is ambiguous'",
-)
 def test_banded_dense_takes_a_numpy_fixed_diagonal():
     values = np.array([1.0, 2.0, 3.0, 4.0])
     layer = BandedDense(1, 1, fixed_diagonal=values)
@@ -418,12 +376,6 @@ def test_banded_dense_takes_a_numpy_fixed_diagonal():
             ValueError,
             "fixed_diagonal",
             id="band_fixed_2d",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=AssertionError,
-                reason="refimpl bug: the array == 'from_weights' test in "
-                "BandedDense.__init__ raises an unrelated ValueError first",
-            ),
         ),
         pytest.param(
             lambda: BandedDense(0, 0, fixed_diagonal=[[1.0, 0.0], [0.0, 1.0]]),
@@ -473,14 +425,6 @@ def test_banded_dense_takes_a_numpy_fixed_diagonal():
             ValueError,
             "col_sizes",
             id="block_width_unknown",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=AssertionError,
-                reason="refimpl message regression: since BlockDense shares "
-                "structured.block_sizes, the error says 'give one block of that "
-                "shape (for example tf.zeros(...)) or its size' and no longer "
-                "names `col_sizes`",
-            ),
         ),
         pytest.param(
             lambda: BlockDense([[EYE3]], row_sizes=[2]),

@@ -31,15 +31,6 @@ K = int(MASK.sum())
 X = np.random.default_rng(1).normal(size=(32, N)).astype("float32")
 Y = np.random.default_rng(2).normal(size=(32, UNITS)).astype("float32")
 
-SELECT_IN_GRAPH = pytest.mark.xfail(
-    strict=True,
-    raises=NotImplementedError,
-    reason="refimpl bug: a select-mode PartialVariable whose value() is first "
-    "read inside a tf.function (as in fit) reads its mask with numpy() "
-    "(variables.py, PartialVariable.mask via _select_mask) and raises "
-    "NotImplementedError",
-)
-
 
 def _start(shape, seed=0):
     return np.random.default_rng(seed).normal(size=shape).astype("float32")
@@ -329,10 +320,7 @@ def test_select_mode_is_opt_in_and_its_optimizer_state_is_full_size(where):
 
 @pytest.mark.parametrize(
     "where",
-    [
-        pytest.param("build", marks=SELECT_IN_GRAPH),
-        pytest.param("init", marks=SELECT_IN_GRAPH),
-    ],
+    ["build", "init"],
 )
 def test_select_mode_trains_in_fit_with_frozen_entries_bit_exact(where):
     model, layer = _model(where, mode="select")

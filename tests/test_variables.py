@@ -108,25 +108,6 @@ def test_checkpoint_round_trip_restores_free_and_base(mode, tmp_path):
     np.testing.assert_array_equal(restored.value(), v.value())
 
 
-SELECT_IN_GRAPH = pytest.mark.xfail(
-    strict=True,
-    raises=NotImplementedError,
-    reason="refimpl bug: in select mode, value() first called inside a "
-    "tf.function reads the mask with numpy() (PartialVariable.mask via "
-    "_select_mask) and raises NotImplementedError",
-)
-
-
-STALE_SELECT_MASK = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="refimpl bug: select mode caches its mask tensor (_mask_tensor) at the "
-    "first value() and only load_own_variables clears it; after a checkpoint "
-    "restore or set_weights brings other positions, value() still selects with "
-    "the old mask, so frozen entries take free values and free ones are lost",
-)
-
-
 def _restore(target, saved, how, tmp_path):
     if how == "checkpoint":
         path = tf.train.Checkpoint(v=saved).write(str(tmp_path / "ckpt"))
@@ -136,9 +117,7 @@ def _restore(target, saved, how, tmp_path):
 
 
 @pytest.mark.parametrize("how", ["checkpoint", "set_weights"])
-@pytest.mark.parametrize(
-    "mode", ["delta", pytest.param("select", marks=STALE_SELECT_MASK)]
-)
+@pytest.mark.parametrize("mode", ["delta", "select"])
 def test_restoring_other_positions_into_a_used_variable_takes_them(mode, how, tmp_path):
     w = np.arange(6.0, dtype="float32").reshape(2, 3)
     saved_mask = np.array([[False, False, False], [False, False, True]])
@@ -152,9 +131,7 @@ def test_restoring_other_positions_into_a_used_variable_takes_them(mode, how, tm
     np.testing.assert_array_equal(target.value(), saved.value())
 
 
-@pytest.mark.parametrize(
-    "mode", ["delta", pytest.param("select", marks=SELECT_IN_GRAPH)]
-)
+@pytest.mark.parametrize("mode", ["delta", "select"])
 def test_value_works_inside_tf_function_and_gives_gradients(mode):
     v = PartialVariable(tf.zeros((2, 3)), [[0, 2]], mode=mode)
 
@@ -251,13 +228,6 @@ def test_a_shell_filled_by_load_own_variables_equals_the_original():
     np.testing.assert_array_equal(shell.mask, mask)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="refimpl bug: set_weights assigns the three weights of a shell but "
-    "leaves PartialVariable._loaded False (only load_own_variables sets it), "
-    "so value() still raises 'rebuilt from a config without its values'",
-)
 def test_a_shell_filled_by_set_weights_equals_the_original():
     mask = np.random.default_rng(0).random((4, 5)) < 0.3
     w = np.random.default_rng(1).normal(size=(4, 5)).astype("float32")
