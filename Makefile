@@ -55,10 +55,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check $(LINT_PATHS)
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q tests --doctest-modules refimpl
+	$(BIN)/python -m pytest -q tests --doctest-modules refimpl evidence
 
 fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" tests --doctest-modules refimpl
+	$(BIN)/python -m pytest -q -m "not slow" tests --doctest-modules refimpl evidence
 
 check-book: $(STAMP)
 	$(BIN)/python tools/check_book.py

@@ -39,7 +39,7 @@ TECHNIQUES: tuple[registry.Technique, ...] = tuple(
     t for t in registry.TECHNIQUES if t.setup is not None
 )
 _DTYPES = ("float32", "mixed_float16", "mixed_bfloat16")
-_MODES = ("eager", "function", "xla")
+_EXECUTIONS = ("eager", "function", "xla")
 
 
 class Drift(NamedTuple):
@@ -165,7 +165,7 @@ def frozen_drift(
     *,
     steps: int = 5,
     dtype: str = "float32",
-    mode: str = "eager",
+    execution: str = "eager",
     seed: int = 0,
 ) -> Drift:
     """Train a square weight with ``technique`` and count the frozen entries moved.
@@ -189,7 +189,7 @@ def frozen_drift(
             float16 and, as ``model.compile`` does, the optimizer wrapped in a
             ``LossScaleOptimizer``) or ``"mixed_bfloat16"``. Weights stay
             float32.
-        mode: ``"eager"``, ``"function"`` (the step in ``tf.function``) or
+        execution: ``"eager"``, ``"function"`` (the step in ``tf.function``) or
             ``"xla"`` (``tf.function(jit_compile=True)``).
         seed: seeds the weight, the batch and the target.
 
@@ -197,7 +197,7 @@ def frozen_drift(
         A :class:`Drift`.
 
     Raises:
-        ValueError, TypeError: for an unknown technique, dtype or mode, a bad
+        ValueError, TypeError: for an unknown technique, dtype or execution, a bad
             mask, or an optimizer that is not a fresh Keras optimizer; and
             whatever an optimizer raises when it cannot run the technique.
 
@@ -207,7 +207,9 @@ def frozen_drift(
     >>> frozen_drift("grad_mask", keras.optimizers.AdamW(), mask).moved
     6
     """
-    technique, mask, optimizer = _check(technique, optimizer, mask, steps, dtype, mode)
+    technique, mask, optimizer = _check(
+        technique, optimizer, mask, steps, dtype, execution
+    )
     rng = np.random.default_rng(seed)
     n = mask.shape[0]
     init = rng.normal(size=(n, n)).astype("float32")
@@ -233,8 +235,8 @@ def frozen_drift(
         else:
             apply(optimizer, grads)
 
-    if mode != "eager":
-        step = tf.function(step, jit_compile=mode == "xla", autograph=False)
+    if execution != "eager":
+        step = tf.function(step, jit_compile=execution == "xla", autograph=False)
     logger, level = tf.get_logger(), tf.get_logger().level
     logger.setLevel("ERROR")  # each call traces a new step: no retracing warning
     try:
@@ -257,14 +259,17 @@ def _numpy(value) -> np.ndarray:
     return np.array(keras.ops.convert_to_numpy(value))
 
 
-def _check(technique, optimizer, mask, steps, dtype, mode):
+def _check(technique, optimizer, mask, steps, dtype, execution):
     technique = registry.get(technique)
     if technique.setup is None:
         raise ValueError(
             f"`technique` must have a setup for the exactness matrix, one of "
             f"{[t.id for t in TECHNIQUES]}. Received: technique={technique.id!r}"
         )
-    for name, value, known in (("dtype", dtype, _DTYPES), ("mode", mode, _MODES)):
+    for name, value, known in (
+        ("dtype", dtype, _DTYPES),
+        ("execution", execution, _EXECUTIONS),
+    ):
         if value not in known:
             raise ValueError(f"`{name}` must be one of {known}. Received: {value!r}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:

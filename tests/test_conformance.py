@@ -165,17 +165,17 @@ def test_exact_technique_is_exact_under_every_dtype_policy(technique, dtype):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["function", "xla"])
+@pytest.mark.parametrize("execution", ["function", "xla"])
 @pytest.mark.parametrize("technique", EXACT)
-def test_exact_technique_is_exact_in_graph_and_xla(technique, mode):
-    assert _drift(technique, "AdamW", mode=mode).moved == 0
+def test_exact_technique_is_exact_in_graph_and_xla(technique, execution):
+    assert _drift(technique, "AdamW", execution=execution).moved == 0
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["function", "xla"])
-def test_graph_and_xla_train_like_eager_and_keep_frozen_bits(mode):
+@pytest.mark.parametrize("execution", ["function", "xla"])
+def test_graph_and_xla_train_like_eager_and_keep_frozen_bits(execution):
     eager = _drift("partial_delta", "Adam")
-    compiled = _drift("partial_delta", "Adam", mode=mode)
+    compiled = _drift("partial_delta", "Adam", execution=execution)
     np.testing.assert_allclose(compiled.after, eager.after, rtol=1e-5)
     np.testing.assert_array_equal(compiled.after[~MASK], eager.before[~MASK])
 

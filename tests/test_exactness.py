@@ -34,7 +34,7 @@ BAD = [
     ("not_square", lambda: _drift(mask=EYE[:2]), "mask", "(2, 3)"),
     ("steps", lambda: _drift(steps=0), "steps", "0"),
     ("dtype", lambda: _drift(dtype="float16"), "dtype", "'float16'"),
-    ("mode", lambda: _drift(mode="graph"), "mode", "'graph'"),
+    ("execution", lambda: _drift(execution="graph"), "execution", "'graph'"),
     ("used_optimizer", _used_optimizer, "optimizer", "Adam"),
     ("not_an_optimizer", lambda: _drift(optimizer="adam"), "optimizer", "'adam'"),
     (
