@@ -33,7 +33,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from refimpl.masks import check_pairs, mask_constant, pair_masks
+from refimpl.masks import check_pairs, mask_constant, pair_masks, variable_pairs
 
 __all__ = ["MaskedOptimizer", "apply_masked_gradients", "mask_gradients"]
 
@@ -522,37 +522,24 @@ def _assign_on_every_replica(var, value) -> None:
 
 
 def _split(grads_and_vars) -> tuple[list, list]:
-    if isinstance(grads_and_vars, (str, bytes)) or not hasattr(
+    if not isinstance(grads_and_vars, (list, tuple)) and hasattr(
         grads_and_vars, "__iter__"
     ):
-        raise TypeError(
-            "`grads_and_vars` must be a list of (gradient, variable) pairs. "
-            f"Received: grads_and_vars={grads_and_vars!r}"
-        )
-    grads, variables = [], []
-    for i, pair in enumerate(grads_and_vars):
-        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-            raise TypeError(
-                f"`grads_and_vars[{i}]` must be a (gradient, variable) pair. "
-                f"Received: grads_and_vars[{i}]={pair!r}"
-            )
-        if not isinstance(pair[1], (tf.Variable, keras.Variable)):
-            raise TypeError(
-                f"`grads_and_vars[{i}]` must hold a keras.Variable or "
-                "tf.Variable; an optimizer can only update variables (a slice "
-                "such as X[0] is a new tensor, not a view). Received an object "
-                f"of type {type(pair[1]).__name__}"
-            )
-        if any(pair[1] is v for v in variables):
+        grads_and_vars = list(grads_and_vars)  # zip(grads, vars) is fine
+    pairs = variable_pairs(
+        grads_and_vars, name="grads_and_vars", slot=1, kind="(gradient, variable)"
+    )
+    variables = []
+    for i, (grad, variable) in enumerate(pairs):
+        if any(variable is v for v in variables):
             raise ValueError(
                 f"`grads_and_vars[{i}]` gives a second gradient for the variable "
-                f"{_path(pair[1])!r}: give each variable once (add its "
+                f"{_path(variable)!r}: give each variable once (add its "
                 f"gradients first). Received: grads_and_vars[{i}]="
-                f"({type(pair[0]).__name__}, {_path(pair[1])!r})"
+                f"({type(grad).__name__}, {_path(variable)!r})"
             )
-        grads.append(pair[0])
-        variables.append(pair[1])
-    return grads, variables
+        variables.append(variable)
+    return [grad for grad, _ in pairs], variables
 
 
 def _path(variable) -> str:

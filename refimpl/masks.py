@@ -376,23 +376,31 @@ def pair_masks(masks, variables, *, name: str = "masks", scales: bool = False):
 
 def check_pairs(masks, *, name: str = "masks") -> list[tuple]:
     """Check that ``masks`` is a list of ``(variable, mask)`` pairs; return it."""
-    if not isinstance(masks, (list, tuple)):
+    return variable_pairs(masks, name=name, slot=0, kind="(variable, mask)")
+
+
+def variable_pairs(items, *, name: str, slot: int, kind: str) -> list[tuple]:
+    """Check a list of pairs holding a variable at index ``slot``; return it.
+
+    The one check of ``masks`` (``(variable, mask)``) and ``grads_and_vars``
+    (``(gradient, variable)``) arguments.
+    """
+    if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
         raise TypeError(
-            f"`{name}` must be a list of (variable, mask) pairs. "
-            f"Received: {name}={masks!r}"
+            f"`{name}` must be a list of {kind} pairs. Received: {name}={items!r}"
         )
     pairs = []
-    for i, pair in enumerate(masks):
+    for i, pair in enumerate(items):
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
             raise TypeError(
-                f"`{name}[{i}]` must be a (variable, mask) pair. "
-                f"Received: {name}[{i}]={pair!r}"
+                f"`{name}[{i}]` must be a {kind} pair. Received: {name}[{i}]={pair!r}"
             )
-        if not isinstance(pair[0], (tf.Variable, keras.Variable)):
+        if not isinstance(pair[slot], (tf.Variable, keras.Variable)):
+            where = "start" if slot == 0 else "end"
             raise TypeError(
-                f"`{name}[{i}]` must start with a variable (a keras.Variable "
+                f"`{name}[{i}]` must {where} with a variable (a keras.Variable "
                 f"or tf.Variable); a slice such as w[0] is a new tensor, not a "
-                f"view. Received an object of type {type(pair[0]).__name__}"
+                f"view. Received an object of type {type(pair[slot]).__name__}"
             )
         pairs.append((pair[0], pair[1]))
     return pairs

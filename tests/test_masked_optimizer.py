@@ -601,10 +601,11 @@ def test_masked_group_chosen_by_a_callable_in_a_tf_function_loop():
     assert int(masked.iterations) == int(sgd.iterations) == 3
 
 
-def test_masked_optimizer_wrapping_a_keras_multi_optimizer():
+def _masked_multi_optimizer():
+    """A model, its body kernel, that kernel's values, and a MaskedOptimizer
+    around a Keras MultiOptimizer (AdamW by default, SGD for the head)."""
     model = _model()
     kernel = model.get_layer("body").kernel
-    before = kernel.numpy()
     multi = keras.optimizers.MultiOptimizer(
         keras.optimizers.OptimizerMap(
             keras.optimizers.AdamW(0.05, weight_decay=0.5),
@@ -612,6 +613,11 @@ def test_masked_optimizer_wrapping_a_keras_multi_optimizer():
         )
     )
     optimizer = MaskedOptimizer(multi, [(kernel, KERNEL_MASK)], restore_frozen=True)
+    return model, kernel, kernel.numpy(), optimizer
+
+
+def test_masked_optimizer_wrapping_a_keras_multi_optimizer():
+    model, kernel, before, optimizer = _masked_multi_optimizer()
     _fit(model, optimizer)
     assert_frozen(before, kernel, KERNEL_MASK)
     assert moved(before, kernel)[KERNEL_MASK].all()
@@ -621,16 +627,7 @@ def test_masked_optimizer_wrapping_a_keras_multi_optimizer():
 
 
 def test_masked_optimizer_wrapping_a_multi_optimizer_round_trips(tmp_path):
-    model = _model()
-    kernel = model.get_layer("body").kernel
-    before = kernel.numpy()
-    multi = keras.optimizers.MultiOptimizer(
-        keras.optimizers.OptimizerMap(
-            keras.optimizers.AdamW(0.05, weight_decay=0.5),
-            {".*head/.*": keras.optimizers.SGD(0.1)},
-        )
-    )
-    optimizer = MaskedOptimizer(multi, [(kernel, KERNEL_MASK)], restore_frozen=True)
+    model, kernel, before, optimizer = _masked_multi_optimizer()
     _fit(model, optimizer, epochs=1)
     path = tmp_path / "model.keras"
     model.save(path)
