@@ -369,6 +369,15 @@ def _mask_values(optimizer):
     ]
 
 
+def _assert_train_alike(model, loaded, before):
+    """Both keep training the same way, bit for bit, frozen entries untouched."""
+    model.fit(X_DATA, Y_DATA, epochs=1, batch_size=8, verbose=0, shuffle=False)
+    loaded.fit(X_DATA, Y_DATA, epochs=1, batch_size=8, verbose=0, shuffle=False)
+    for a, b in zip(model.weights, loaded.weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+    assert_frozen(before, loaded.get_layer("body").kernel, KERNEL_MASK)
+
+
 def test_keras_file_round_trip_restores_wrapper_masks_state_and_training(tmp_path):
     model = _model()
     kernel = model.get_layer("body").kernel
@@ -397,12 +406,7 @@ def test_keras_file_round_trip_restores_wrapper_masks_state_and_training(tmp_pat
     for a, b in zip(optimizer.variables, restored.variables, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
 
-    # Both keep training the same way, bit for bit, frozen entries untouched.
-    model.fit(X_DATA, Y_DATA, epochs=1, batch_size=8, verbose=0, shuffle=False)
-    loaded.fit(X_DATA, Y_DATA, epochs=1, batch_size=8, verbose=0, shuffle=False)
-    for a, b in zip(model.weights, loaded.weights, strict=True):
-        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
-    assert_frozen(before, loaded.get_layer("body").kernel, KERNEL_MASK)
+    _assert_train_alike(model, loaded, before)
 
 
 def test_get_config_holds_no_array_even_for_a_large_mask():
@@ -546,11 +550,7 @@ def test_masked_optimizer_as_a_group_of_keras_multi_optimizer(tmp_path):
     ]
     for a, b in zip(optimizer.variables, loaded.optimizer.variables, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
-    model.fit(X_DATA, Y_DATA, epochs=1, batch_size=8, verbose=0, shuffle=False)
-    loaded.fit(X_DATA, Y_DATA, epochs=1, batch_size=8, verbose=0, shuffle=False)
-    for a, b in zip(model.weights, loaded.weights, strict=True):
-        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
-    assert_frozen(before, loaded.get_layer("body").kernel, KERNEL_MASK)
+    _assert_train_alike(model, loaded, before)
 
 
 def test_a_pattern_on_the_model_prefix_regroups_after_reload_and_keras_warns(tmp_path):
