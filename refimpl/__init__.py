@@ -19,10 +19,12 @@ Every ``masks`` argument is a list of ``(variable, mask)`` pairs; in a mask,
 __version__ = "1.0.0"
 
 # Re-impose frozen values after every update (a Keras constraint).
+# Choosing the entries to train: random, by magnitude, by Fisher score, structured.
+from refimpl import selection
 from refimpl.constraints import FreezeEntries
 
-# Fold refimpl layers back into plain Keras layers.
-from refimpl.convert import merge
+# Convert a model's layers to partially trainable ones, and fold them back.
+from refimpl.convert import merge, partialize
 
 # Keras layers whose kernel is built from its free values.
 from refimpl.layers import BandedDense, BlockDense, DiagonalDense, PartialDense
@@ -36,6 +38,9 @@ from refimpl.masked_optimizer import (
 
 # Masks and index lists.
 from refimpl.masks import indices_to_mask, mask_to_indices, to_mask
+
+# Any Keras layer with a kernel or an embedding table, made partially trainable.
+from refimpl.partial_layers import enable_partial
 
 # Pictures.
 from refimpl.plotting import plot_mask
@@ -83,6 +88,7 @@ __all__ = [
     "count_free_parameters",
     "diagonal",
     "diagonal_matmul",
+    "enable_partial",
     "indices_to_mask",
     "mask_gradients",
     "mask_to_indices",
@@ -90,8 +96,10 @@ __all__ = [
     "minimize",
     "moved",
     "one_hot_trainable",
+    "partialize",
     "partially_trainable",
     "plot_mask",
     "scatter_free",
+    "selection",
     "to_mask",
 ]

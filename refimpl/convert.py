@@ -1,10 +1,162 @@
-"""Fold refimpl layers back into plain Keras layers: :func:`merge`."""
+"""A model in and out: :func:`partialize` converts, :func:`merge` folds back."""
 
 from __future__ import annotations
 
 import keras
+import numpy as np
 
-__all__ = ["merge"]
+from refimpl.masks import to_mask
+from refimpl.partial_layers import _SUPPORTED, _TARGETS, _PartialMixin, enable_partial
+
+__all__ = ["merge", "partialize"]
+
+
+def partialize(model, layer_masks, *, in_place: bool = False):
+    """Return a model whose chosen weights are trainable only at some entries.
+
+    Every chosen layer (``Dense``, ``EinsumDense``, the convolutions and
+    ``Embedding``) gets a partially trainable weight (see
+    :mod:`refimpl.partial_layers`); every other layer is left exactly as it
+    was: its weights, its ``trainable`` status, BatchNorm's inference mode,
+    its regularizers. Before any training the new model's outputs equal the
+    original's bit for bit.
+
+    Args:
+        model: a built Keras model: ``Sequential`` or functional (copied), or
+            any model with ``in_place=True`` (subclassed models included).
+        layer_masks: a dict from a layer name, or the path of its weight
+            (``"dense/kernel"``), to the trainable entries of that layer's
+            kernel (embeddings for ``Embedding``): a boolean mask or index
+            list, or a policy, a callable that takes the weight's current
+            values (a NumPy array) and returns the mask, such as
+            ``lambda w: refimpl.selection.magnitude_mask(w, fraction=0.01)``.
+        in_place: convert ``model``'s own layers (as Keras' ``enable_lora``
+            does) instead of a copy.
+
+    Returns:
+        The converted model (``model`` itself with ``in_place=True``). Compile
+        it before training.
+
+    Raises:
+        TypeError: for a model that is not a Keras model, a subclassed model
+            without ``in_place=True``, ``layer_masks`` that is not a dict, or a
+            chosen layer of a type this cannot convert (the message names the
+            layer and its type).
+        ValueError: for a model that is not built, or a key that names no
+            layer or weight of the model, or a mask that does not fit.
+    """
+    _check_model(model, "partialize", allow_subclassed=in_place)
+    if not isinstance(layer_masks, dict):
+        raise TypeError(
+            "`layer_masks` must be a dict from a layer name or weight path to a mask "
+            f"or a policy. Received: layer_masks={layer_masks!r}"
+        )
+    if not isinstance(in_place, bool):
+        raise TypeError(f"`in_place` must be True or False. Received: {in_place!r}")
+    # Every mask is computed and checked before anything is converted.
+    chosen = [
+        (layer, _policy(layer, mask, f"layer_masks[{key!r}]"))
+        for key, layer, mask in _resolve(model, layer_masks)
+    ]
+    if in_place:
+        for layer, mask in chosen:
+            enable_partial(layer, mask)
+        return model
+    originals = {}
+
+    def clone(layer):
+        new = layer.__class__.from_config(layer.get_config())
+        originals[id(new)] = layer
+        return new
+
+    copy = keras.models.clone_model(model, clone_function=clone)
+    for layer in copy.layers:
+        source = originals.get(id(layer))
+        if source is not None:
+            layer.set_weights(source.get_weights())
+    # Nested layers (the projections inside MultiHeadAttention) line up by
+    # their place in the flattened layer list.
+    before, after = _layers(model), _layers(copy)
+    place = {id(layer): i for i, layer in enumerate(before)}
+    for layer, mask in chosen:
+        enable_partial(after[place[id(layer)]], mask)
+    return copy
+
+
+def _resolve(model, masks):
+    """The (layer, mask) pairs that ``masks`` names, each layer checked."""
+    layers = _layers(model)
+    for key, mask in masks.items():
+        if not isinstance(key, str):
+            raise TypeError(
+                "`layer_masks` keys must be layer names or weight paths. "
+                f"Received: {key!r}"
+            )
+        found = [layer for layer in layers if _names(layer, key)]
+        if not found:
+            raise ValueError(
+                f"`layer_masks[{key!r}]` names no layer or weight of the model. Its "
+                f"layers: {[layer.name for layer in layers][:12]}"
+            )
+        layer = found[0]
+        if isinstance(layer, _PartialMixin):
+            raise ValueError(
+                f"`layer_masks[{key!r}]` names layer {layer.name!r}, which is already "
+                "partially trainable"
+            )
+        if type(layer) not in _SUPPORTED:
+            raise TypeError(
+                f"`layer_masks[{key!r}]` names layer {layer.name!r} of type "
+                f"{type(layer).__name__}, which partialize cannot convert; it "
+                f"converts {[c.__name__ for c in _SUPPORTED]}"
+            )
+        yield key, layer, mask
+
+
+def _names(layer, key: str) -> bool:
+    if layer.name == key:
+        return True
+    if type(layer) not in _SUPPORTED:
+        return False
+    path = getattr(layer, "_" + _TARGETS.get(type(layer), "kernel")).path
+    return path == key or path.endswith("/" + key)
+
+
+def _policy(layer, mask, name: str) -> np.ndarray:
+    weight = getattr(layer, "_" + _TARGETS.get(type(layer), "kernel"))
+    if callable(mask):
+        mask = mask(np.array(keras.ops.convert_to_numpy(weight)))
+    return to_mask(mask, tuple(weight.shape), name=name)
+
+
+def _layers(model) -> list:
+    """Every layer of ``model``, nested models' layers included, in order."""
+    out = []
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        out.append(layer)
+    return out
+
+
+def _check_model(model, what: str, *, allow_subclassed: bool = False) -> None:
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"`model` must be a Keras model. Received: model={model!r}")
+    if (
+        not allow_subclassed
+        and not isinstance(model, keras.Sequential)
+        and not _is_functional(model)
+    ):
+        extra = (
+            " Pass `in_place=True` to convert its layers themselves."
+            if what == "partialize"
+            else " Call `layer.to_dense()` on its refimpl layers instead."
+        )
+        raise TypeError(
+            "`model` must be a Sequential or functional model; a subclassed "
+            f"model's structure is Python code that {what} cannot copy.{extra} "
+            f"Received: {type(model).__name__}"
+        )
+    if not model.built:
+        raise ValueError(f"`model` must be built. Received: model={model.name!r}")
 
 
 def merge(model):
@@ -27,17 +179,7 @@ def merge(model):
             cannot be rewritten), or an object that is not a Keras model.
         ValueError: for a model that is not built.
     """
-    if not isinstance(model, keras.Model):
-        raise TypeError(f"`model` must be a Keras model. Received: model={model!r}")
-    if not isinstance(model, keras.Sequential) and not _is_functional(model):
-        raise TypeError(
-            "`model` must be a Sequential or functional model; a subclassed "
-            "model's structure is Python code that merge cannot rewrite. Call "
-            f"`layer.to_dense()` on its refimpl layers instead. Received: "
-            f"{type(model).__name__}"
-        )
-    if not model.built:
-        raise ValueError(f"`model` must be built. Received: model={model.name!r}")
+    _check_model(model, "merge")
     originals = {}
 
     def clone(layer):

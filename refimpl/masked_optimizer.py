@@ -12,11 +12,13 @@ select, never a product: ``0 * inf`` is NaN) before the optimizer sees it.
 * :func:`apply_masked_gradients` is one such step for a custom loop, on the
   same code; :func:`mask_gradients` only masks.
 
-With plain SGD, momentum SGD, Adam and Lion a zero gradient means no update.
-Optimizers that move an entry whose gradient is zero (weight decay, Ftrl,
-Adafactor) break that; ``restore_frozen=True`` writes the frozen values back
-after every update, which keeps the frozen entries bit-exact under any
-optimizer, for one copy of each masked variable and one select per step.
+With plain SGD, momentum SGD, Adam and Lion, a gradient that has always been
+zero means no update. Optimizers that move such an entry break that: any with
+decoupled weight decay, Ftrl, Muon, ScheduleFreeAdamW (by a few ULP) and
+Adafactor (where a fully frozen row meets a fully frozen column). With
+``restore_frozen=True`` the wrapper writes the frozen values back after every
+update, which keeps the frozen entries bit-exact under any optimizer, for one
+copy of each masked variable and one select per step.
 
 A floating-point mask with values in [0, 1] scales each entry's *update* (new
 value minus old), not its gradient: a per-entry learning-rate multiplier that
@@ -101,12 +103,13 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         **kwargs,
     ):
         for option, default in _BASE_OPTIONS.items():
-            if option in kwargs and kwargs.pop(option) != default:
+            value = kwargs.pop(option, default)
+            if value != default:
                 raise ValueError(
                     f"`{option}` belongs to the inner optimizer: set it there, "
                     f"for example keras.optimizers.AdamW(..., {option}=...). "
                     f"MaskedOptimizer only filters the update. Received: "
-                    f"{option} on the MaskedOptimizer"
+                    f"{option}={value!r} on the MaskedOptimizer"
                 )
         if "learning_rate" in kwargs:
             raise ValueError(

@@ -420,5 +420,5 @@ def _check_shape(array: np.ndarray, shape: tuple[int, ...], name: str) -> None:
 
 def _short(array: np.ndarray) -> str:
     text = np.array2string(np.asarray(array), threshold=12, separator=", ")
-    text = " ".join(text.split())  # one line
+    text = " ".join(text.split()).replace("[ ", "[")  # one line
     return text if len(text) < 200 else text[:197] + "..."

@@ -82,6 +82,37 @@ def _sgd():
     return keras.optimizers.SGD(0.1)
 
 
+def _small_model():
+    model = keras.Sequential(
+        [
+            keras.Input((3,)),
+            keras.layers.Dense(3, name="d"),
+            keras.layers.Dropout(0.1, name="drop"),
+        ]
+    )
+    return model
+
+
+def _partialize_subclassed():
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.dense(x)
+
+    model = Net()
+    model(np.ones((1, 3), "float32"))
+    return refimpl.partialize(model, {"dense": [[0, 0]]})
+
+
+def _built_dense(units=3):
+    layer = keras.layers.Dense(units)
+    layer.build((None, 3))
+    return layer
+
+
 def _masked(masks, **kwargs):
     return refimpl.MaskedOptimizer(_sgd(), masks, **kwargs)
 
@@ -166,7 +197,7 @@ CASES = [
     ("masked_optimizer_second_mask", "MaskedOptimizer", lambda: _masked([(V, EYE), (V, EYE)]), ValueError, "masks[1]", "'v'"),
     ("masked_optimizer_not_trained", "MaskedOptimizer", _masked_build_foreign, ValueError, "masks[0]", "'v'"),
     ("masked_optimizer_restore_not_bool", "MaskedOptimizer", lambda: _masked([], restore_frozen=1), TypeError, "restore_frozen", "1"),
-    ("masked_optimizer_clipnorm", "MaskedOptimizer", lambda: _masked([], clipnorm=1.0), ValueError, "clipnorm", "clipnorm on the MaskedOptimizer"),
+    ("masked_optimizer_clipnorm", "MaskedOptimizer", lambda: _masked([], clipnorm=1.0), ValueError, "clipnorm", "clipnorm=1.0 on the MaskedOptimizer"),
     ("masked_optimizer_unknown_argument", "MaskedOptimizer", lambda: _masked([], foo=1), TypeError, "foo", "foo"),
     # structured
     ("diagonal_rank", "diagonal", lambda: refimpl.diagonal(W3), ValueError, "w", "(3, 3)"),
@@ -246,6 +277,26 @@ CASES = [
     ("merge_not_model", "merge", lambda: refimpl.merge(_dense()), TypeError, "model", "Dense"),
     ("merge_subclassed", "merge", _subclassed_model, TypeError, "model", "Net"),
     ("merge_not_built", "merge", lambda: refimpl.merge(keras.Sequential([keras.layers.Dense(1)])), ValueError, "model", "sequential"),
+    ("partialize_not_model", "partialize", lambda: refimpl.partialize(_dense(), {}), TypeError, "model", "Dense"),
+    ("partialize_subclassed", "partialize", _partialize_subclassed, TypeError, "model", "Net"),
+    ("partialize_not_dict", "partialize", lambda: refimpl.partialize(_small_model(), [("d", EYE)]), TypeError, "layer_masks", "[('d'"),
+    ("partialize_unknown_layer", "partialize", lambda: refimpl.partialize(_small_model(), {"nope": EYE}), ValueError, "layer_masks['nope']", "'d'"),
+    ("partialize_unsupported_layer", "partialize", lambda: refimpl.partialize(_small_model(), {"drop": EYE}), TypeError, "layer_masks['drop']", "Dropout"),
+    ("partialize_mask_shape", "partialize", lambda: refimpl.partialize(_small_model(), {"d": [True]}), ValueError, "layer_masks['d']", "(1,)"),
+    ("partialize_policy_shape", "partialize", lambda: refimpl.partialize(_small_model(), {"d": lambda w: w[:1] > 0}), ValueError, "layer_masks['d']", "(1, 3)"),
+    ("partialize_in_place_flag", "partialize", lambda: refimpl.partialize(_small_model(), {}, in_place=1), TypeError, "in_place", "1"),
+    ("enable_partial_not_layer", "enable_partial", lambda: refimpl.enable_partial("d", EYE), TypeError, "layer", "'d'"),
+    ("enable_partial_unsupported", "enable_partial", lambda: refimpl.enable_partial(keras.layers.Dropout(0.1), EYE), TypeError, "layer", "Dropout"),
+    ("enable_partial_not_built", "enable_partial", lambda: refimpl.enable_partial(keras.layers.Dense(3), EYE), ValueError, "layer", "dense"),
+    ("enable_partial_mask_shape", "enable_partial", lambda: refimpl.enable_partial(_built_dense(), [True]), ValueError, "mask", "(1,)"),
+    ("selection_k_and_fraction", "selection", lambda: refimpl.selection.random_mask((3, 3), k=1, fraction=0.5), ValueError, "k", "fraction=0.5"),
+    ("selection_k_too_big", "selection", lambda: refimpl.selection.magnitude_mask(W3, k=10), ValueError, "k", "10"),
+    ("selection_fraction_type", "selection", lambda: refimpl.selection.random_mask((3,), fraction="half"), TypeError, "fraction", "'half'"),
+    ("selection_scores_nan", "selection", lambda: refimpl.selection.top_k_mask([np.nan], k=1), ValueError, "scores", "NaN"),
+    ("selection_rows_range", "selection", lambda: refimpl.selection.rows_mask((3, 2), [3]), ValueError, "rows", "[3]"),
+    ("selection_band_negative", "selection", lambda: refimpl.selection.band_mask((3, 3), -1, 0), ValueError, "lower", "-1"),
+    ("selection_block_sizes", "selection", lambda: refimpl.selection.block_mask((3, 3), [1, 1], [3], []), ValueError, "row_sizes", "[1, 1]"),
+    ("selection_fisher_batches", "selection", lambda: refimpl.selection.fisher_scores(_small_model(), W3, W3, loss="mse", batches=0), ValueError, "batches", "0"),
     # constraints
     ("freeze_entries_shape", "FreezeEntries", lambda: refimpl.FreezeEntries(np.zeros((2, 2)), EYE), ValueError, "mask", "(3, 3)"),
     ("freeze_entries_strings", "FreezeEntries", lambda: refimpl.FreezeEntries("abc", EYE), TypeError, "values", "'abc'"),

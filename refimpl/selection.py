@@ -1,0 +1,272 @@
+"""Choosing which entries to train: seeded, deterministic masks.
+
+Each function returns a boolean NumPy mask (``True`` = trainable) of the
+weight's shape, with exactly ``k`` trainable entries, or
+``round(fraction * size)`` of them:
+
+* :func:`random_mask`: uniformly at random, from a seed;
+* :func:`magnitude_mask`: the largest absolute values;
+* :func:`fisher_mask` from :func:`fisher_scores`: the largest accumulated
+  squared gradient over a few batches (the empirical Fisher information used
+  by sparse fine-tuning methods such as FISH);
+* structured: :func:`rows_mask`, :func:`columns_mask`, :func:`diagonal_mask`,
+  :func:`band_mask`, :func:`block_mask`.
+
+Ties (equal magnitudes or scores) go to the lower flat index, so every
+function is deterministic. Any of them fits :func:`refimpl.partialize` as a
+policy: ``{"dense": lambda w: magnitude_mask(w, fraction=0.01)}``.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from refimpl.masks import normalize_shape
+
+__all__ = [
+    "band_mask",
+    "block_mask",
+    "columns_mask",
+    "diagonal_mask",
+    "fisher_mask",
+    "fisher_scores",
+    "magnitude_mask",
+    "random_mask",
+    "rows_mask",
+    "top_k_mask",
+]
+
+
+def random_mask(shape, *, k=None, fraction=None, seed: int = 0) -> np.ndarray:
+    """``k`` (or ``fraction`` of the) entries chosen uniformly at random.
+
+    >>> random_mask((2, 3), k=2, seed=0).sum()
+    np.int64(2)
+    """
+    shape = normalize_shape(shape)
+    size = int(np.prod(shape))
+    k = _count(k, fraction, size)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"`seed` must be an int. Received: seed={seed!r}")
+    chosen = np.random.default_rng(seed).choice(size, size=k, replace=False)
+    mask = np.zeros(size, bool)
+    mask[chosen] = True
+    return mask.reshape(shape)
+
+
+def top_k_mask(scores, *, k=None, fraction=None) -> np.ndarray:
+    """The ``k`` entries of ``scores`` with the largest values (ties: lower index).
+
+    >>> top_k_mask([[0.1, 3.0], [2.0, 2.0]], k=2).astype(int)
+    array([[0, 1],
+           [1, 0]])
+    """
+    array = _float(scores, "scores")
+    if np.isnan(array).any():
+        raise ValueError("`scores` must not hold NaN. Received NaN in scores")
+    k = _count(k, fraction, array.size)
+    order = np.argsort(-array.reshape(-1), kind="stable")[:k]
+    mask = np.zeros(array.size, bool)
+    mask[order] = True
+    return mask.reshape(array.shape)
+
+
+def magnitude_mask(weight, *, k=None, fraction=None) -> np.ndarray:
+    """The ``k`` entries of ``weight`` with the largest absolute values.
+
+    >>> magnitude_mask([[0.5, -3.0], [1.0, 0.0]], k=2).astype(int)
+    array([[0, 1],
+           [1, 0]])
+    """
+    return top_k_mask(np.abs(_float(weight, "weight")), k=k, fraction=fraction)
+
+
+def fisher_scores(model, x, y, *, loss, batch_size: int = 32, batches: int = 4):
+    """Accumulated squared gradients of the loss, per trainable weight.
+
+    Each batch's gradient of the mean loss, squared entry by entry and summed
+    over the first ``batches`` batches of ``(x, y)``: the batched estimate of
+    the diagonal of the empirical Fisher information.
+
+    Args:
+        model: a built Keras model.
+        x, y: the data (arrays).
+        loss: a Keras loss (an object or a name such as ``"mse"``).
+        batch_size: the rows per batch.
+        batches: how many batches to accumulate.
+
+    Returns:
+        A dict from each trainable weight's path to a NumPy array of its shape.
+    """
+    import tensorflow as tf
+
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"`model` must be a Keras model. Received: model={model!r}")
+    for name, value in (("batch_size", batch_size), ("batches", batches)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"`{name}` must be a positive int. Received: {name}={value!r}"
+            )
+    loss_fn = keras.losses.get(loss)
+    x, y = np.asarray(x), np.asarray(y)
+    if len(x) != len(y) or len(x) == 0:
+        raise ValueError(
+            "`x` and `y` must hold the same number of rows, at least one. "
+            f"Received: {len(x)} and {len(y)}"
+        )
+    variables = model.trainable_variables
+    totals = [np.zeros(tuple(v.shape), np.float64) for v in variables]
+    for start in range(0, min(len(x), batches * batch_size), batch_size):
+        xb, yb = x[start : start + batch_size], y[start : start + batch_size]
+        with tf.GradientTape() as tape:
+            # The batch mean, whether ``loss`` reduces or not.
+            value = keras.ops.mean(loss_fn(yb, model(xb, training=False)))
+        for total, grad in zip(totals, tape.gradient(value, variables), strict=True):
+            if grad is not None:
+                total += np.square(keras.ops.convert_to_numpy(grad), dtype=np.float64)
+    return {v.path: total for v, total in zip(variables, totals, strict=True)}
+
+
+def fisher_mask(scores, *, k=None, fraction=None) -> np.ndarray:
+    """The ``k`` entries with the largest Fisher score (see :func:`fisher_scores`)."""
+    return top_k_mask(scores, k=k, fraction=fraction)
+
+
+def rows_mask(shape, rows) -> np.ndarray:
+    """Whole rows (first axis) trainable: a new token's row of an embedding.
+
+    >>> rows_mask((3, 2), [2]).astype(int)
+    array([[0, 0],
+           [0, 0],
+           [1, 1]])
+    """
+    shape = normalize_shape(shape)
+    mask = np.zeros(shape, bool)
+    mask[_axis_indices(rows, shape[0], "rows")] = True
+    return mask
+
+
+def columns_mask(shape, columns) -> np.ndarray:
+    """Whole columns (last axis) trainable: some output units of a kernel.
+
+    >>> columns_mask((2, 3), [0]).astype(int)
+    array([[1, 0, 0],
+           [1, 0, 0]])
+    """
+    shape = normalize_shape(shape)
+    mask = np.zeros(shape, bool)
+    mask[..., _axis_indices(columns, shape[-1], "columns")] = True
+    return mask
+
+
+def diagonal_mask(shape) -> np.ndarray:
+    """The main diagonal of a matrix.
+
+    >>> diagonal_mask((2, 3)).astype(int)
+    array([[1, 0, 0],
+           [0, 1, 0]])
+    """
+    return band_mask(shape, 0, 0)
+
+
+def band_mask(shape, lower: int, upper: int) -> np.ndarray:
+    """The band of ``lower`` sub- and ``upper`` super-diagonals of a matrix."""
+    shape = normalize_shape(shape)
+    if len(shape) != 2:
+        raise ValueError(f"`shape` must be 2-D. Received: shape={shape}")
+    for name, value in (("lower", lower), ("upper", upper)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(
+                f"`{name}` must be an int >= 0. Received: {name}={value!r}"
+            )
+    offset = np.subtract.outer(np.arange(shape[0]), np.arange(shape[1]))
+    return (offset <= lower) & (-offset <= upper)
+
+
+def block_mask(shape, row_sizes, col_sizes, blocks) -> np.ndarray:
+    """Whole blocks of a block matrix trainable.
+
+    Args:
+        shape: the matrix shape.
+        row_sizes, col_sizes: the block heights and widths (summing to it).
+        blocks: the ``(i, j)`` block coordinates to train.
+
+    >>> block_mask((3, 3), [1, 2], [2, 1], [(1, 0)]).astype(int)
+    array([[0, 0, 0],
+           [1, 1, 0],
+           [1, 1, 0]])
+    """
+    shape = normalize_shape(shape)
+    if len(shape) != 2:
+        raise ValueError(f"`shape` must be 2-D. Received: shape={shape}")
+    edges = []
+    for name, sizes, total in (
+        ("row_sizes", row_sizes, shape[0]),
+        ("col_sizes", col_sizes, shape[1]),
+    ):
+        sizes = list(sizes)
+        if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
+            raise ValueError(
+                f"`{name}` must be positive ints. Received: {name}={sizes!r}"
+            )
+        if sum(sizes) != total:
+            raise ValueError(
+                f"`{name}` must sum to {total}. Received: {name}={sizes!r}"
+            )
+        edges.append(np.concatenate([[0], np.cumsum(sizes)]))
+    mask = np.zeros(shape, bool)
+    for n, block in enumerate(blocks):
+        i, j = block
+        if not (0 <= i < len(edges[0]) - 1 and 0 <= j < len(edges[1]) - 1):
+            raise ValueError(
+                f"`blocks[{n}]` is outside the grid. Received: blocks[{n}]={block!r}"
+            )
+        mask[edges[0][i] : edges[0][i + 1], edges[1][j] : edges[1][j + 1]] = True
+    return mask
+
+
+def _count(k, fraction, size: int) -> int:
+    if (k is None) == (fraction is None):
+        raise ValueError(
+            f"Give exactly one of `k` and `fraction`. Received: k={k!r}, "
+            f"fraction={fraction!r}"
+        )
+    if k is not None:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise TypeError(f"`k` must be an int. Received: k={k!r}")
+        if not 0 <= k <= size:
+            raise ValueError(
+                f"`k` must be between 0 and the size {size}. Received: k={k}"
+            )
+        return int(k)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+        raise TypeError(f"`fraction` must be a number. Received: fraction={fraction!r}")
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(
+            f"`fraction` must be between 0 and 1. Received: fraction={fraction!r}"
+        )
+    return int(round(fraction * size))
+
+
+def _float(value, name: str) -> np.ndarray:
+    try:
+        array = np.asarray(keras.ops.convert_to_numpy(value), dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise TypeError(
+            f"`{name}` must be a numeric array. Received: {name}={value!r}"
+        ) from err
+    return array
+
+
+def _axis_indices(indices, size: int, name: str) -> np.ndarray:
+    array = np.asarray(indices)
+    if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
+        raise TypeError(
+            f"`{name}` must be a list of ints. Received: {name}={indices!r}"
+        )
+    if array.size and (array.min() < 0 or array.max() >= size):
+        raise ValueError(
+            f"`{name}` must lie in [0, {size}). Received: {name}={indices!r}"
+        )
+    return array.astype(np.int64)
