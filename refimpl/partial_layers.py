@@ -14,7 +14,10 @@ It is the pattern of Keras' own ``enable_lora``:
   output equals the original layer's bit for bit until the free values move.
 
 An optimizer sees only the ``k`` free values: frozen entries keep their bits
-under every optimizer, and the optimizer state is ``k`` values per slot.
+under every optimizer, and the optimizer state is ``k`` values per slot. A
+kernel regularizer (L1, L2) moves to the free values: their gradient is the
+plain layer's, and the frozen entries' share of the penalty, a constant, is
+left out of the loss.
 
 When saved, the layer writes exactly what the plain layer writes, the trained
 weight in place of the base, followed by the positions. So a ``.weights.h5``
@@ -83,6 +86,10 @@ class _PartialMixin:
             shape=(num_free,),
             initializer=start_free,
             dtype=base.dtype,
+            # Keras regularizes trainable weights only. An elementwise penalty
+            # on the free values gives them the plain layer's gradient; the
+            # frozen entries' part, a constant, is left out of the loss.
+            regularizer=base.regularizer,
         )
         self.partial_positions = self.add_weight(
             name="partial_positions",
@@ -237,6 +244,7 @@ def _target_property(plain_class, target):
 
 
 _CLASSES: dict[type, type] = {}
+_ELEMENTWISE = (keras.regularizers.L1, keras.regularizers.L2, keras.regularizers.L1L2)
 _NAMES = {keras.layers.Dense: "PartialKerasDense"}
 
 
@@ -337,6 +345,13 @@ def enable_partial(layer, mask) -> None:
         )
     target = _TARGETS.get(plain, "kernel")
     base = getattr(layer, "_" + target)
+    if base.regularizer is not None and not isinstance(base.regularizer, _ELEMENTWISE):
+        raise ValueError(
+            f"`layer` {layer.name!r} has a {type(base.regularizer).__name__} "
+            f"regularizer on its {target}, which is not elementwise, so it "
+            "cannot be split between free and frozen entries. Received: "
+            f"{target}_regularizer={base.regularizer!r}"
+        )
     bool_mask = to_mask(mask, tuple(base.shape), name="mask")
     layer.__class__ = partial_class(plain)
     positions = np.flatnonzero(bool_mask)

@@ -128,8 +128,9 @@ def test_outputs_are_bit_exact_and_only_the_free_values_train(name):
         lambda: keras.optimizers.AdamW(0.05, weight_decay=0.5),
         lambda: keras.optimizers.Adafactor(0.05),
         lambda: keras.optimizers.Lion(0.01),
+        lambda: keras.optimizers.Ftrl(0.05, l1_regularization_strength=0.1),
     ],
-    ids=["adamw", "adafactor", "lion"],
+    ids=["adamw", "adafactor", "lion", "ftrl"],
 )
 def test_fit_keeps_frozen_entries_bit_exact(name, optimizer):
     model, x, y = _setup(name)
@@ -404,3 +405,38 @@ def test_structured_masks():
     assert selection.columns_mask((2, 3, 5), [4]).sum() == 6
     blocks = selection.block_mask((4, 4), [2, 2], [1, 3], [(0, 1), (1, 0)])
     assert blocks.sum() == 2 * 3 + 2 * 1
+
+
+def test_a_kernel_regularizer_penalizes_the_free_values_with_the_plain_gradient():
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(3, name="d", kernel_regularizer="l2")]
+    )
+    mask = np.zeros((4, 3), bool)
+    mask[0, 0] = mask[2, 1] = True
+    converted = refimpl.partialize(model, {"d": mask})
+    layer = converted.get_layer("d")
+    kernel = _numpy(layer.kernel)
+    # The penalty counts the free values only ...
+    [penalty] = converted.losses
+    np.testing.assert_allclose(_numpy(penalty), 0.01 * np.sum(kernel[mask] ** 2))
+    # ... and its gradient on them is the plain layer's.
+    plain = model.get_layer("d")
+    with tf.GradientTape() as tape:
+        [plain_penalty] = model.losses
+    [plain_grad] = tape.gradient(plain_penalty, [plain.kernel])
+    with tf.GradientTape() as tape:
+        [penalty] = converted.losses
+    [grad] = tape.gradient(penalty, [layer.partial_free])
+    np.testing.assert_allclose(_numpy(grad), _numpy(plain_grad)[mask], rtol=1e-6)
+
+
+def test_a_regularizer_that_is_not_elementwise_is_refused():
+    layer = keras.layers.Dense(
+        3, kernel_regularizer=keras.regularizers.OrthogonalRegularizer()
+    )
+    layer.build((None, 3))
+    with pytest.raises(ValueError, match="not elementwise"):
+        refimpl.enable_partial(layer, np.eye(3, dtype=bool))
