@@ -24,6 +24,7 @@ from refimpl import selection
 from refimpl.partial_layers import PARTIAL_CLASSES, partial_class
 
 RNG = np.random.default_rng(0)
+SLOW = pytest.mark.slow
 
 
 def _dense():
@@ -125,12 +126,19 @@ def test_outputs_are_bit_exact_and_only_the_free_values_train(name):
 @pytest.mark.parametrize(
     "optimizer",
     [
-        lambda: keras.optimizers.AdamW(0.05, weight_decay=0.5),
-        lambda: keras.optimizers.Adafactor(0.05),
-        lambda: keras.optimizers.Lion(0.01),
-        lambda: keras.optimizers.Ftrl(0.05, l1_regularization_strength=0.1),
+        pytest.param(
+            lambda: keras.optimizers.AdamW(0.05, weight_decay=0.5), id="adamw"
+        ),
+        pytest.param(
+            lambda: keras.optimizers.Adafactor(0.05), id="adafactor", marks=SLOW
+        ),
+        pytest.param(lambda: keras.optimizers.Lion(0.01), id="lion", marks=SLOW),
+        pytest.param(
+            lambda: keras.optimizers.Ftrl(0.05, l1_regularization_strength=0.1),
+            id="ftrl",
+            marks=SLOW,
+        ),
     ],
-    ids=["adamw", "adafactor", "lion", "ftrl"],
 )
 def test_fit_keeps_frozen_entries_bit_exact(name, optimizer):
     model, x, y = _setup(name)
