@@ -133,6 +133,15 @@ class _PartialMixin:
         return mask.reshape(tuple(base.shape))
 
     @property
+    def base_weight(self):
+        """The layer's own weight variable, now the frozen base.
+
+        ``layer.kernel`` (``embeddings``) is the composed tensor, as under
+        Keras' LoRA; this is the variable (with its ``path``).
+        """
+        return self._partial_base()
+
+    @property
     def num_free(self) -> int:
         """The number of trainable entries of the partial weight."""
         return self._partial_num_free
@@ -347,10 +356,10 @@ def enable_partial(layer, mask) -> None:
     base = getattr(layer, "_" + target)
     if base.regularizer is not None and not isinstance(base.regularizer, _ELEMENTWISE):
         raise ValueError(
-            f"`layer` {layer.name!r} has a {type(base.regularizer).__name__} "
-            f"regularizer on its {target}, which is not elementwise, so it "
-            "cannot be split between free and frozen entries. Received: "
-            f"{target}_regularizer={base.regularizer!r}"
+            f"`layer` {layer.name!r} has a regularizer on its {target} that is "
+            "not elementwise (L1, L2 or L1L2), so it cannot be split between "
+            f"free and frozen entries. Received: {target}_regularizer="
+            f"{type(base.regularizer).__name__}"
         )
     bool_mask = to_mask(mask, tuple(base.shape), name="mask")
     layer.__class__ = partial_class(plain)

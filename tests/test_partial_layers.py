@@ -448,3 +448,17 @@ def test_a_regularizer_that_is_not_elementwise_is_refused():
     layer.build((None, 3))
     with pytest.raises(ValueError, match="not elementwise"):
         refimpl.enable_partial(layer, np.eye(3, dtype=bool))
+
+
+def test_an_all_false_mask_freezes_the_whole_weight():
+    model, x, y = _setup("conv2d")
+    shape = tuple(_weight(model.get_layer("target")).shape)
+    converted = refimpl.partialize(model, {"target": np.zeros(shape, bool)})
+    layer = converted.get_layer("target")
+    assert layer.num_free == 0
+    assert layer.base_weight.path.endswith("target/kernel")
+    assert not layer.base_weight.trainable
+    before = _numpy(layer.kernel)
+    converted.compile(optimizer=keras.optimizers.AdamW(0.05), loss="mse")
+    converted.fit(x, y, epochs=1, verbose=0)
+    np.testing.assert_array_equal(_numpy(layer.kernel), before)
