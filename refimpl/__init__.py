@@ -63,7 +63,12 @@ from refimpl.structured import (
 )
 
 # Checks: bit-exact frozen entries, and the values an optimizer can change.
-from refimpl.testing import assert_frozen, count_free_parameters, moved
+from refimpl.testing import (
+    assert_frozen,
+    count_free_parameters,
+    count_optimizer_state,
+    moved,
+)
 
 # Free values plus a frozen base.
 from refimpl.variables import PartialVariable, choose_mode, compose
@@ -86,6 +91,7 @@ __all__ = [
     "choose_mode",
     "compose",
     "count_free_parameters",
+    "count_optimizer_state",
     "diagonal",
     "diagonal_matmul",
     "enable_partial",

@@ -14,7 +14,7 @@ import numpy as np
 
 from refimpl.masks import to_mask
 
-__all__ = ["moved", "assert_frozen", "count_free_parameters"]
+__all__ = ["moved", "assert_frozen", "count_free_parameters", "count_optimizer_state"]
 
 
 def _numpy(value, name: str) -> np.ndarray:
@@ -132,3 +132,41 @@ def count_free_parameters(model_or_variables) -> int:
                 )
         weights = [v for v in model_or_variables if getattr(v, "trainable", True)]
     return int(sum(int(np.prod(w.shape)) for w in weights))
+
+
+def count_optimizer_state(optimizer) -> int:
+    """Count the values a Keras optimizer keeps for its variables.
+
+    The total size of its per-weight slots (Adam's moments, momentum, EMA
+    copies, masks of a :class:`refimpl.MaskedOptimizer`, the slots of every
+    group of a ``MultiOptimizer``); scalar bookkeeping such as the step count
+    and the learning rate is left out. Build the optimizer first (one step,
+    or ``optimizer.build(variables)``).
+
+    >>> import keras
+    >>> w = keras.Variable([[1.0, 2.0], [3.0, 4.0]])
+    >>> adam = keras.optimizers.Adam()
+    >>> adam.build([w])
+    >>> count_optimizer_state(adam)  # two moments of four values
+    8
+    """
+    import keras
+
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            f"`optimizer` must be a Keras optimizer. Received: optimizer={optimizer!r}"
+        )
+    if not optimizer.built:
+        raise ValueError(
+            "`optimizer` must be built: take one step, or call "
+            "`optimizer.build(variables)`. Received an unbuilt "
+            f"{type(optimizer).__name__}"
+        )
+    seen = set()
+    total = 0
+    for variable in optimizer.variables:
+        if id(variable) in seen or not len(variable.shape):
+            continue
+        seen.add(id(variable))
+        total += int(np.prod(variable.shape))
+    return total

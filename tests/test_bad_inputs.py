@@ -313,6 +313,8 @@ CASES = [
     ("assert_frozen_shapes", "assert_frozen", lambda: refimpl.assert_frozen(W3, W3[:2], EYE), ValueError, "before", "(2, 3)"),
     ("count_free_parameters_strings", "count_free_parameters", lambda: refimpl.count_free_parameters(["a"]), TypeError, "model_or_variables", "'a'"),
     ("count_free_parameters_int", "count_free_parameters", lambda: refimpl.count_free_parameters(3), TypeError, "model_or_variables", "3"),
+    ("count_optimizer_state_not_optimizer", "count_optimizer_state", lambda: refimpl.count_optimizer_state("adam"), TypeError, "optimizer", "'adam'"),
+    ("count_optimizer_state_not_built", "count_optimizer_state", lambda: refimpl.count_optimizer_state(_sgd()), ValueError, "optimizer", "SGD"),
     ("plot_mask_rank", "plot_mask", lambda: refimpl.plot_mask(np.ones((2, 2, 2), bool)), ValueError, "mask", "(2, 2, 2)"),
     ("plot_mask_int", "plot_mask", lambda: refimpl.plot_mask([[1, 0]]), TypeError, "mask", "[[1, 0]]"),
 ]  # fmt: skip

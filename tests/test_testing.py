@@ -5,7 +5,13 @@ import pytest
 import tensorflow as tf
 from hypothesis import given
 
-from refimpl import assert_frozen, count_free_parameters, moved
+from refimpl import (
+    MaskedOptimizer,
+    assert_frozen,
+    count_free_parameters,
+    count_optimizer_state,
+    moved,
+)
 from tests.strategies import shape_and_mask
 
 
@@ -83,3 +89,17 @@ def test_count_free_parameters_counts_trainable_weights_only():
 def test_count_free_parameters_rejects_other_objects():
     with pytest.raises(TypeError, match="`model_or_variables`"):
         count_free_parameters(3)
+
+
+def test_count_optimizer_state_counts_slots_of_every_group_and_wrapper():
+    a = keras.Variable(np.ones((3, 4), "float32"), name="a")
+    b = keras.Variable(np.ones(5, "float32"), name="b")
+    adam = keras.optimizers.Adam()
+    adam.build([a, b])
+    assert count_optimizer_state(adam) == 2 * (12 + 5)
+    sgd = keras.optimizers.SGD()
+    sgd.build([a])
+    assert count_optimizer_state(sgd) == 0  # no slots without momentum
+    masked = MaskedOptimizer(keras.optimizers.Adam(), [(a, np.eye(3, 4) > 0)])
+    masked.build([a, b])
+    assert count_optimizer_state(masked) == 12 + 2 * (12 + 5)  # mask + moments
