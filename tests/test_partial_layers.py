@@ -80,6 +80,14 @@ MODELS = {
 }
 
 
+# Every type runs in `make test`; `make check` keeps one of each family.
+FAST = ("dense", "conv2d", "embedding")
+SOME_SLOW = [
+    name if name in FAST else pytest.param(name, marks=pytest.mark.slow)
+    for name in MODELS
+]
+
+
 def _setup(name, seed=0):
     keras.utils.set_random_seed(seed)
     model, x = MODELS[name]()
@@ -122,7 +130,7 @@ def test_outputs_are_bit_exact_and_only_the_free_values_train(name):
     assert not isinstance(model.get_layer("target"), tuple(PARTIAL_CLASSES.values()))
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", SOME_SLOW)
 @pytest.mark.parametrize(
     "optimizer",
     [
@@ -154,7 +162,7 @@ def test_fit_keeps_frozen_entries_bit_exact(name, optimizer):
     assert np.isfinite(after).all()
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", SOME_SLOW)
 def test_adam_state_is_two_values_per_free_value(name):
     model, x, y = _setup(name)
     mask = _mask(model)
@@ -172,7 +180,7 @@ def test_adam_state_is_two_values_per_free_value(name):
     assert not kernel_slots
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", SOME_SLOW)
 def test_keras_file_round_trip_and_training_again(name, tmp_path):
     model, x, y = _setup(name)
     mask = _mask(model)
@@ -195,7 +203,7 @@ def test_keras_file_round_trip_and_training_again(name, tmp_path):
     assert len(str(layer.get_config())) < 2000
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", SOME_SLOW)
 def test_original_weights_file_loads_into_the_converted_model(name, tmp_path):
     model, x, _ = _setup(name)
     mask = _mask(model)
@@ -212,7 +220,7 @@ def test_original_weights_file_loads_into_the_converted_model(name, tmp_path):
     np.testing.assert_array_equal(converted.get_layer("target").trainable_mask, mask)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", SOME_SLOW)
 def test_merge_and_to_dense_give_plain_layers_with_the_same_outputs(name):
     model, x, y = _setup(name)
     converted = refimpl.partialize(model, {"target": _mask(model)})
