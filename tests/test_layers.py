@@ -213,6 +213,7 @@ def test_checkpoint_round_trip_restores_the_kernel(name, tmp_path):
     np.testing.assert_array_equal(fresh.layers[0].kernel, model.layers[0].kernel)
 
 
+@pytest.mark.slow  # XLA compiles per layer: make test runs it, make check does not
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_layer_trains_under_jit_compile_and_mixed_float16(name, mixed_precision):
     factory, n, _, _ = LAYERS[name]
