@@ -62,18 +62,7 @@ def partialize(model, layer_masks, *, in_place: bool = False):
         for layer, mask in chosen:
             enable_partial(layer, mask)
         return model
-    originals = {}
-
-    def clone(layer):
-        new = layer.__class__.from_config(layer.get_config())
-        originals[id(new)] = layer
-        return new
-
-    copy = keras.models.clone_model(model, clone_function=clone)
-    for layer in copy.layers:
-        source = originals.get(id(layer))
-        if source is not None:
-            layer.set_weights(source.get_weights())
+    copy = _clone(model)
     # Nested layers (the projections inside MultiHeadAttention) line up by
     # their place in the flattened layer list.
     before, after = _layers(model), _layers(copy)
@@ -180,21 +169,28 @@ def merge(model):
         ValueError: for a model that is not built.
     """
     _check_model(model, "merge")
+    return _clone(model, replace=lambda layer: getattr(layer, "to_dense", None))
+
+
+def _clone(model, replace=lambda layer: None):
+    """A copy of ``model`` with its weights; ``replace(layer)`` may give a
+    function that returns the layer to use instead of a copy."""
     originals = {}
 
     def clone(layer):
-        if hasattr(layer, "to_dense"):
-            return layer.to_dense()
+        make = replace(layer)
+        if make is not None:
+            return make()
         new = layer.__class__.from_config(layer.get_config())
         originals[id(new)] = layer
         return new
 
-    merged = keras.models.clone_model(model, clone_function=clone)
-    for layer in merged.layers:
+    copy = keras.models.clone_model(model, clone_function=clone)
+    for layer in copy.layers:
         source = originals.get(id(layer))
         if source is not None:
             layer.set_weights(source.get_weights())
-    return merged
+    return copy
 
 
 def _is_functional(model) -> bool:

@@ -64,7 +64,9 @@ def _nan_minimize():
     return refimpl.minimize(lambda: tf.reduce_sum((v - 2.0) ** 2), v)
 
 
-def _subclassed_model():
+def _net():
+    """A built subclassed model named Net, with one Dense layer `dense`."""
+
     class Net(keras.Model):
         def __init__(self):
             super().__init__()
@@ -75,7 +77,11 @@ def _subclassed_model():
 
     model = Net()
     model(np.ones((1, 3), "float32"))
-    return refimpl.merge(model)
+    return model
+
+
+def _subclassed_model():
+    return refimpl.merge(_net())
 
 
 def _sgd():
@@ -94,17 +100,7 @@ def _small_model():
 
 
 def _partialize_subclassed():
-    class Net(keras.Model):
-        def __init__(self):
-            super().__init__()
-            self.dense = keras.layers.Dense(1)
-
-        def call(self, x):
-            return self.dense(x)
-
-    model = Net()
-    model(np.ones((1, 3), "float32"))
-    return refimpl.partialize(model, {"dense": [[0, 0]]})
+    return refimpl.partialize(_net(), {"dense": [[0, 0]]})
 
 
 def _built_dense(units=3):
