@@ -36,6 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from refimpl.masks import check_pairs, mask_constant, pair_masks, variable_pairs
+from refimpl.variables import _constant, _read_now
 
 __all__ = ["MaskedOptimizer", "apply_masked_gradients", "mask_gradients"]
 
@@ -565,18 +566,8 @@ def _find_path(path: str, var_list) -> int:
 _NOT_LOADED = -1.0
 
 
-def _read_now(variable) -> np.ndarray:
-    """A variable's current value as NumPy, also while a function is traced."""
-    with tf.init_scope():
-        return keras.ops.convert_to_numpy(variable.value)
-
-
 class _Untracked:
     """Holds a value out of sight of Keras' attribute tracking."""
 
     def __init__(self, value):
         self.value = value
-
-
-def _constant(array: np.ndarray):
-    return lambda shape, dtype=None: keras.ops.cast(array, dtype)

@@ -348,13 +348,10 @@ def pair_masks(masks, variables, *, name: str = "masks", scales: bool = False):
             named twice, or a mask that does not fit.
     """
     pairs = check_pairs(masks, name=name)
-    positions: dict[int, list[int]] = {}
-    for i, variable in enumerate(variables):
-        positions.setdefault(id(variable), []).append(i)
+    position = {id(v): i for i, v in enumerate(variables)}
     out: list = [None] * len(variables)
     for i, (variable, mask) in enumerate(pairs):
-        found = positions.get(id(variable))
-        index = None if found is None else found[0]
+        index = position.get(id(variable))
         if index is None:
             raise ValueError(
                 f"`{name}[{i}]` names a variable that is not among the "
@@ -368,9 +365,7 @@ def pair_masks(masks, variables, *, name: str = "masks", scales: bool = False):
             )
         shape = normalize_shape(tuple(variable.shape), name=f"{name}[{i}] shape")
         convert = to_update_scale if scales else to_mask
-        converted = convert(mask, shape, name=f"{name}[{i}]")
-        for index in found:
-            out[index] = converted
+        out[index] = convert(mask, shape, name=f"{name}[{i}]")
     return out
 
 

@@ -34,6 +34,7 @@ import keras
 import numpy as np
 
 from refimpl.masks import to_mask
+from refimpl.variables import _constant, _read_now, scatter_into
 
 __all__ = ["PARTIAL_CLASSES", "enable_partial", "partial_class"]
 
@@ -58,11 +59,9 @@ class _PartialMixin:
         if getattr(self, "partial_free", None) is None:
             return value
         self._partial_check_loaded()
-        shape = tuple(value.shape)
-        flat = keras.ops.reshape(value, (-1,))
-        free = keras.ops.cast(self.partial_free.value, flat.dtype)
-        positions = keras.ops.expand_dims(self.partial_positions.value, -1)
-        return keras.ops.reshape(keras.ops.scatter_update(flat, positions, free), shape)
+        return scatter_into(
+            value, self.partial_positions.value, self.partial_free.value
+        )
 
     def _partial_base(self):
         return getattr(self, "_" + self._partial_target)
@@ -365,13 +364,3 @@ def enable_partial(layer, mask) -> None:
     layer.__class__ = partial_class(plain)
     positions = np.flatnonzero(bool_mask)
     layer._partial_add_weights(len(positions), positions)
-
-
-def _constant(array):
-    return lambda shape, dtype=None: keras.ops.cast(np.asarray(array), dtype)
-
-
-def _read_now(variable) -> np.ndarray:
-    from refimpl.variables import _read_now as read
-
-    return read(variable)

@@ -323,10 +323,7 @@ class PartialVariable(keras.layers.Layer):
         base, free = self.base.value, self.free.value  # autocast in a call
         if self.mode == "select":
             return keras.ops.where(self._select_mask(), free, base)
-        flat = keras.ops.reshape(base, (-1,))
-        positions = keras.ops.expand_dims(self.positions.value, -1)
-        flat = keras.ops.scatter_update(flat, positions, free)
-        return keras.ops.reshape(flat, self._shape)
+        return scatter_into(base, self.positions.value, free)
 
     def call(self, *args, **kwargs):
         raise TypeError(
@@ -399,6 +396,19 @@ def _constant(array, fill=0):
     if array is None:
         return keras.initializers.Constant(fill)
     return lambda shape, dtype=None: keras.ops.cast(np.asarray(array), dtype)
+
+
+def scatter_into(base, positions, free):
+    """``base`` with ``free[i]`` at flat position ``positions[i]``: the delta form.
+
+    The one composition of :class:`PartialVariable` and the partial Keras
+    layers (:mod:`refimpl.partial_layers`); ``free`` is cast to ``base``'s dtype.
+    """
+    shape = tuple(base.shape)
+    flat = keras.ops.reshape(base, (-1,))
+    free = keras.ops.cast(free, flat.dtype)
+    positions = keras.ops.expand_dims(positions, -1)
+    return keras.ops.reshape(keras.ops.scatter_update(flat, positions, free), shape)
 
 
 def _read_now(variable) -> np.ndarray:
