@@ -9,7 +9,7 @@ free entry and slot. This is the frozen-base-plus-delta idea of Keras'
 ``enable_lora``, with the delta restricted to a mask. It is a Keras layer that
 holds weights, so Keras tracks, trains and saves it inside any layer.
 
-:func:`compose` is the same forward pass on plain TensorFlow tensors, and
+:func:`compose` is the same forward pass on plain tensors, and
 :func:`choose_mode` the density rule of the opt-in ``mode="auto"``.
 """
 
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import keras
 import numpy as np
-import tensorflow as tf
 
-from refimpl.masks import mask_constant, normalize_shape, to_mask
+from refimpl import backend
+from refimpl.masks import normalize_shape, to_mask
 from refimpl.structured import _index_list
 
 __all__ = ["PartialVariable", "SELECT_ABOVE_DENSITY", "choose_mode", "compose"]
@@ -37,7 +37,7 @@ SELECT_ABOVE_DENSITY = 0.15
 _MODES = ("delta", "select")
 
 
-def compose(base, indices, free, *, mode: str = "delta", mask=None) -> tf.Tensor:
+def compose(base, indices, free, *, mode: str = "delta", mask=None):
     """Return the dense tensor made of a frozen ``base`` and the ``free`` values.
 
     Args:
@@ -47,8 +47,8 @@ def compose(base, indices, free, *, mode: str = "delta", mask=None) -> tf.Tensor
         free: for ``mode="delta"``, a 1-D tensor of the ``k`` free values, in
             the order of ``indices``; for ``mode="select"``, a tensor of the
             base's shape, of which only the entries at ``indices`` are used.
-        mode: ``"delta"`` (``tf.tensor_scatter_nd_update``) or ``"select"``
-            (``tf.where`` against the base).
+        mode: ``"delta"`` (a scatter of the free values into the base) or
+            ``"select"`` (``where`` against the base).
         mask: the boolean mask of ``indices``; optional, computed when
             ``None``, and checked against ``indices`` otherwise.
 
@@ -61,18 +61,19 @@ def compose(base, indices, free, *, mode: str = "delta", mask=None) -> tf.Tensor
             with them, or a ``free`` of the wrong shape.
         TypeError: if ``free`` and ``base`` have different dtypes.
 
-    >>> base = tf.constant([[1.0, 2.0], [3.0, 4.0]])
-    >>> compose(base, [[0, 1]], tf.constant([9.0])).numpy()
+    >>> base = np.array([[1.0, 2.0], [3.0, 4.0]], "float32")
+    >>> keras.ops.convert_to_numpy(compose(base, [[0, 1]], np.float32([9.0])))
     array([[1., 9.],
            [3., 4.]], dtype=float32)
-    >>> compose(base, [[0, 1]], tf.zeros((2, 2)), mode="select").numpy()
+    >>> zeros = np.zeros((2, 2), "float32")
+    >>> keras.ops.convert_to_numpy(compose(base, [[0, 1]], zeros, mode="select"))
     array([[1., 0.],
            [3., 4.]], dtype=float32)
     """
     if mode not in _MODES:
         raise ValueError(f"`mode` must be one of {_MODES}. Received: mode={mode!r}")
-    base = tf.convert_to_tensor(base)
-    shape = normalize_shape(base.shape, name="base.shape")
+    base = keras.ops.convert_to_tensor(base)
+    shape = normalize_shape(tuple(base.shape), name="base.shape")
     index_list = _index_list(indices, shape, "indices")
     bool_mask = to_mask(index_list, shape, name="indices", indices_expected=True)
     if mask is not None and not np.array_equal(
@@ -83,11 +84,13 @@ def compose(base, indices, free, *, mode: str = "delta", mask=None) -> tf.Tensor
             f"mask with {int(to_mask(mask, shape).sum())} True entries for "
             f"{len(index_list)} indices"
         )
-    free = tf.convert_to_tensor(free)
-    if free.dtype != base.dtype:
+    free = keras.ops.convert_to_tensor(free)
+    base_dtype = keras.backend.standardize_dtype(base.dtype)
+    free_dtype = keras.backend.standardize_dtype(free.dtype)
+    if free_dtype != base_dtype:
         raise TypeError(
-            f"`free` must have the base's dtype {base.dtype.name}. "
-            f"Received: free.dtype={free.dtype.name}"
+            f"`free` must have the base's dtype {base_dtype}. "
+            f"Received: free.dtype={free_dtype}"
         )
     expected = (len(index_list),) if mode == "delta" else shape
     if tuple(free.shape) != expected:
@@ -413,15 +416,12 @@ def scatter_into(base, positions, free):
 
 def _read_now(variable) -> np.ndarray:
     """A variable's current value as NumPy, also while a function is traced."""
-    if keras.backend.backend() == "tensorflow":
-        with tf.init_scope():
-            return keras.ops.convert_to_numpy(variable.value)
-    return keras.ops.convert_to_numpy(variable.value)
+    return backend.read_now(variable)
 
 
 def _compose(base, indices, free, mode, mask):
     if mode == "delta":
-        return tf.tensor_scatter_nd_update(base, indices, free)
-    if not isinstance(mask, tf.Tensor):
-        mask = mask_constant(mask)
-    return tf.where(mask, free, base)
+        flat = np.ravel_multi_index(tuple(np.asarray(indices).T), mask.shape)
+        index_dtype = "int32" if mask.size < 2**31 else "int64"
+        return scatter_into(base, keras.ops.convert_to_tensor(flat, index_dtype), free)
+    return keras.ops.where(backend.bool_constant(mask), free, base)

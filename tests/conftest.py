@@ -9,8 +9,31 @@ settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True
 settings.register_profile("thorough", max_examples=500, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-import tensorflow as tf  # noqa: E402
+import keras  # noqa: E402
+import pytest  # noqa: E402
 
-# On recent NVIDIA GPUs TensorFlow multiplies float32 matrices in TF32 (10-bit
-# mantissa) by default; the tests compare products at float32 tolerances.
-tf.config.experimental.enable_tensor_float_32_execution(False)
+BACKEND = keras.backend.backend()
+
+if BACKEND == "tensorflow":
+    import tensorflow as tf
+
+    # On recent NVIDIA GPUs TensorFlow multiplies float32 matrices in TF32
+    # (10-bit mantissa) by default; the tests compare products at float32
+    # tolerances.
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+elif BACKEND == "jax":
+    import jax
+
+    # The same for JAX on a GPU: full float32 products.
+    jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def pytest_collection_modifyitems(config, items):
+    # Under JAX or PyTorch only the Keras-level tests run: the modules marked
+    # `every_backend` (pytestmark), less their `tensorflow_only` tests.
+    if BACKEND == "tensorflow":
+        return
+    skip = pytest.mark.skip(reason=f"TensorFlow-level; Keras runs on {BACKEND}")
+    for item in items:
+        if "every_backend" not in item.keywords or "tensorflow_only" in item.keywords:
+            item.add_marker(skip)

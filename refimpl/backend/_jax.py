@@ -1,0 +1,39 @@
+"""The JAX backend's pieces (see :mod:`refimpl.backend`)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def read_now(variable) -> np.ndarray:
+    # Inside a traced function a Keras variable's value is the traced one;
+    # `_value` is the concrete array it holds.
+    value = getattr(variable, "_value", None)
+    if value is None or isinstance(value, jax.core.Tracer):
+        value = variable.value
+    return np.asarray(value)
+
+
+def bool_constant(array):
+    return jnp.asarray(np.asarray(array, dtype=bool))
+
+
+def mask_sparse_gradient(grad, keep):
+    return None  # JAX gradients are dense arrays
+
+
+def assign_on_every_replica(var, value) -> None:
+    var.assign(value)
+
+
+def batch_gradients(model, loss_of_outputs, x) -> list:
+    trainable = [v.value for v in model.trainable_variables]
+    non_trainable = [v.value for v in model.non_trainable_variables]
+
+    def loss(values):
+        outputs, _ = model.stateless_call(values, non_trainable, x, training=False)
+        return loss_of_outputs(outputs)
+
+    return [np.asarray(g) for g in jax.grad(loss)(trainable)]

@@ -1,0 +1,30 @@
+"""The PyTorch backend's pieces (see :mod:`refimpl.backend`)."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import torch
+
+
+def read_now(variable) -> np.ndarray:
+    return keras.ops.convert_to_numpy(variable.value)
+
+
+def bool_constant(array):
+    return keras.ops.convert_to_tensor(np.asarray(array, dtype=bool))
+
+
+def mask_sparse_gradient(grad, keep):
+    return None  # Keras' torch backend passes dense gradients
+
+
+def assign_on_every_replica(var, value) -> None:
+    var.assign(value)
+
+
+def batch_gradients(model, loss_of_outputs, x) -> list:
+    variables = [v.value for v in model.trainable_variables]
+    value = loss_of_outputs(model(x, training=False))
+    grads = torch.autograd.grad(value, variables, allow_unused=True)
+    return [None if g is None else g.detach().cpu().numpy() for g in grads]
