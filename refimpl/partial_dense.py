@@ -14,7 +14,7 @@ import numpy as np
 
 from refimpl._layer_base import StructuredDense, copy_bias, dense_arguments, input_dim
 from refimpl.masks import mask_shape, to_mask
-from refimpl.variables import PartialVariable
+from refimpl.variables import PartialVariable, _mode_for
 
 __all__ = ["PartialDense"]
 
@@ -27,9 +27,13 @@ class PartialDense(StructuredDense):
     a frozen base with the free values written over it. With ``mode="delta"``
     (the default, exact under every optimizer) the only trainable kernel
     weight holds exactly the ``k`` free values, in the row-major order of the
-    mask. ``mode="select"`` keeps a kernel-sized trainable weight with a
+    mask. ``mode="sparse"`` has the same weights and computes the product
+    without composing the kernel (``x @ base`` plus a sparse product of the
+    free values, :meth:`refimpl.PartialVariable.matmul`): the fastest form
+    when a few percent or fewer of the entries are free.
+    ``mode="select"`` keeps a kernel-sized trainable weight with a
     filtered update (``summary()`` then counts every entry); ``"auto"`` picks
-    by density (:func:`refimpl.choose_mode`).
+    one of the three by density (:func:`refimpl.choose_mode`).
 
     Args:
         units: the output size, a positive int.
@@ -40,7 +44,7 @@ class PartialDense(StructuredDense):
         kernel_initializer: draws the whole starting kernel: the frozen
             entries and the free values' starting point.
         bias_initializer, bias_regularizer, bias_constraint: for the bias.
-        mode: ``"delta"``, ``"select"`` or ``"auto"``.
+        mode: ``"delta"``, ``"sparse"``, ``"select"`` or ``"auto"``.
         num_free: only with ``trainable_mask=None``: the number of free
             entries of a layer whose mask comes with its saved weights (what
             ``from_config`` builds; the config holds no arrays).
@@ -69,6 +73,7 @@ class PartialDense(StructuredDense):
         bias_constraint=None,
         mode: str = "delta",
         num_free: int | None = None,
+        auto: bool = False,
         **kwargs,
     ):
         super().__init__(
@@ -86,9 +91,10 @@ class PartialDense(StructuredDense):
             )
         if units <= 0:
             raise ValueError(f"`units` must be a positive int. Received: units={units}")
-        if mode not in ("auto", "delta", "select"):
+        if mode not in ("auto", "delta", "select", "sparse"):
             raise ValueError(
-                f"`mode` must be 'auto', 'delta' or 'select'. Received: mode={mode!r}"
+                "`mode` must be 'auto', 'delta', 'sparse' or 'select'. "
+                f"Received: mode={mode!r}"
             )
         if trainable_mask is None and num_free is None:
             raise ValueError(
@@ -105,6 +111,7 @@ class PartialDense(StructuredDense):
         self.units = int(units)
         self.mode = mode
         self.num_free = num_free
+        self._auto = auto
         self._given_mask = trainable_mask
         shape = None if trainable_mask is None else mask_shape(trainable_mask)
         if shape is not None and shape[1:] != (self.units,):
@@ -116,10 +123,15 @@ class PartialDense(StructuredDense):
     def build(self, input_shape):
         n = input_dim(input_shape)
         if self._given_mask is None:
+            mode, auto = self.mode, self._auto
+            if mode == "auto":  # by density, as the mask's own choice was
+                mode = _mode_for(self.num_free, (n, self.units), jit_compile=False)
+                auto = mode != "select"
             self.partial_kernel = PartialVariable(
                 shape=(n, self.units),
                 num_free=self.num_free,
-                mode="delta" if self.mode == "auto" else self.mode,
+                mode=mode,
+                auto=auto,
                 name="kernel",
                 dtype=self.variable_dtype,
             )
@@ -187,14 +199,16 @@ class PartialDense(StructuredDense):
 
     @property
     def resolved_mode(self) -> str:
-        """``"delta"`` or ``"select"``: the mode ``"auto"`` resolved to."""
+        """``"delta"``, ``"sparse"`` or ``"select"``: what ``"auto"`` resolved to."""
         return self.partial_kernel.mode
 
     def _units_for(self, n):
         return self.units
 
     def _product(self, x, dtype):
-        return keras.ops.matmul(x, keras.ops.cast(self.partial_kernel.value(), dtype))
+        return keras.ops.cast(
+            self.partial_kernel.matmul(keras.ops.cast(x, dtype)), dtype
+        )
 
     def _kernel(self, dtype):
         return keras.ops.cast(self.partial_kernel.value(), dtype)
@@ -204,9 +218,10 @@ class PartialDense(StructuredDense):
 
     def get_config(self) -> dict:
         num_free = self.num_free
-        mode = self.mode
+        mode, auto = self.mode, self._auto
         if self.built:
             num_free, mode = self.partial_kernel.num_free, self.partial_kernel.mode
+            auto = self.partial_kernel.auto
         elif self._given_mask is not None:
             num_free = _count(self._given_mask)
         config = {
@@ -214,6 +229,7 @@ class PartialDense(StructuredDense):
             "trainable_mask": None,
             "mode": mode,
             "num_free": num_free,
+            "auto": bool(auto),
         }
         return {**super().get_config(), **config}
 

@@ -10,7 +10,10 @@ free entry and slot. This is the frozen-base-plus-delta idea of Keras'
 holds weights, so Keras tracks, trains and saves it inside any layer.
 
 :func:`compose` is the same forward pass on plain tensors, and
-:func:`choose_mode` the density rule of the opt-in ``mode="auto"``.
+:func:`choose_mode` the density rule of the opt-in ``mode="auto"``. For a
+matrix, :meth:`PartialVariable.matmul` gives ``x @ value()`` in the fastest
+exact form of its mode; with ``mode="sparse"`` that is the sparse product of
+:mod:`refimpl.sparse`, which never composes the matrix.
 """
 
 from __future__ import annotations
@@ -20,9 +23,17 @@ import numpy as np
 
 from refimpl import backend
 from refimpl.masks import normalize_shape, to_mask
+from refimpl.sparse import sparse_matmul, xla_enabled
 from refimpl.structured import _index_list
 
-__all__ = ["PartialVariable", "SELECT_ABOVE_DENSITY", "choose_mode", "compose"]
+__all__ = [
+    "PartialVariable",
+    "SELECT_ABOVE_DENSITY",
+    "SPARSE_BELOW_DENSITY",
+    "SPARSE_BELOW_DENSITY_XLA",
+    "choose_mode",
+    "compose",
+]
 
 #: Density (fraction of free entries) from which ``"select"`` is chosen.
 #: Measured for one training step (forward, gradient, Adam update) with a batch
@@ -34,7 +45,17 @@ __all__ = ["PartialVariable", "SELECT_ABOVE_DENSITY", "choose_mode", "compose"]
 #: optimizer slot instead of k.
 SELECT_ABOVE_DENSITY = 0.15
 
+#: Density below which the sparse product (``"sparse"``) is chosen for a
+#: matrix, without XLA. MEASURED_SPARSE
+SPARSE_BELOW_DENSITY = 0.01
+
+#: The same threshold when XLA compiles the step (``jit_compile=True``, and
+#: always under JAX): XLA's scatter-add on CPU is slower, so the sparse product
+#: stops paying at a lower density. MEASURED_SPARSE_XLA
+SPARSE_BELOW_DENSITY_XLA = 0.003
+
 _MODES = ("delta", "select")
+_ALL_MODES = ("delta", "select", "sparse")
 
 
 def compose(base, indices, free, *, mode: str = "delta", mask=None):
@@ -101,26 +122,39 @@ def compose(base, indices, free, *, mode: str = "delta", mask=None):
     return _compose(base, index_list, free, mode, bool_mask)
 
 
-def choose_mode(mask) -> str:
-    """Return the faster exact mode for ``mask``: ``"delta"`` or ``"select"``.
+def choose_mode(mask, *, jit_compile: bool = False) -> str:
+    """Return the fastest exact mode for ``mask``: sparse, delta or select.
 
-    ``"select"`` is chosen when the fraction of free entries is at least
-    :data:`SELECT_ABOVE_DENSITY`, a threshold measured on CPU; below it the
-    scatter of a few values is cheaper than a full-size select, and it keeps
-    the optimizer state at k values per slot.
+    By the fraction of free entries (the density), with thresholds measured
+    for one training step on a 2-core CPU (the constants' notes give the
+    measurements):
+
+    * below :data:`SPARSE_BELOW_DENSITY` (:data:`SPARSE_BELOW_DENSITY_XLA`
+      with ``jit_compile=True``), and only for a matrix: ``"sparse"``, the
+      product that never composes the matrix;
+    * from :data:`SELECT_ABOVE_DENSITY` on: ``"select"``, a full-size
+      variable with a filtered update;
+    * in between: ``"delta"``, the scatter of the free values into the base.
 
     Args:
         mask: a boolean or 0.0/1.0 mask (``True`` = free). Index lists are
             not accepted here: the density needs the tensor's shape.
+        jit_compile: whether the step is compiled by XLA.
 
     Returns:
-        ``"delta"`` or ``"select"``.
+        ``"sparse"``, ``"delta"`` or ``"select"``.
 
     >>> choose_mode(np.eye(10, dtype=bool))  # 10% free
     'delta'
+    >>> choose_mode(np.eye(1000, dtype=bool))  # 0.1% free
+    'sparse'
     >>> choose_mode(np.ones((4, 4), dtype=bool))
     'select'
     """
+    if not isinstance(jit_compile, (bool, np.bool_)):
+        raise TypeError(
+            f"`jit_compile` must be a bool. Received: jit_compile={jit_compile!r}"
+        )
     array = np.asarray(mask.numpy() if hasattr(mask, "numpy") else mask)
     if array.dtype != bool and not np.issubdtype(array.dtype, np.floating):
         raise TypeError(
@@ -128,8 +162,16 @@ def choose_mode(mask) -> str:
             f"known. Received dtype {array.dtype}"
         )
     array = to_mask(array, array.shape)
-    density = float(array.mean()) if array.size else 0.0
-    return "select" if density >= SELECT_ABOVE_DENSITY else "delta"
+    return _mode_for(int(array.sum()), array.shape, jit_compile=bool(jit_compile))
+
+
+def _mode_for(num_free: int, shape, *, jit_compile: bool) -> str:
+    size = int(np.prod(shape))
+    density = num_free / size if size else 0.0
+    if density >= SELECT_ABOVE_DENSITY:
+        return "select"
+    below = SPARSE_BELOW_DENSITY_XLA if jit_compile else SPARSE_BELOW_DENSITY
+    return "sparse" if len(shape) == 2 and density < below else "delta"
 
 
 @keras.saving.register_keras_serializable(package="refimpl")
@@ -159,15 +201,29 @@ class PartialVariable(keras.layers.Layer):
       is ``where(mask, free, base)``: a full variable with a filtered update.
       Its optimizer state is the full size per slot, whatever the density;
       optimizers whose update is not elementwise (Adafactor) see every entry
-      of it. Faster than ``"delta"`` only when most entries are free.
-    * ``"auto"``: :func:`choose_mode` picks one of the two by density.
+      of it. Faster than ``"delta"`` only when many entries are free.
+    * ``"sparse"`` (a matrix only): the weights of ``"delta"``, and
+      :meth:`matmul` computes ``x @ base + x @ S`` with ``S`` the sparse
+      matrix of the free values' differences from the base
+      (:func:`refimpl.sparse.sparse_matmul`): no composed matrix, and the
+      free values' gradient is a sampled product, O(batch·k). Fastest when a
+      few percent or fewer of the entries are free. :meth:`value` composes
+      the matrix as ``"delta"`` does.
+    * ``"auto"``: :func:`choose_mode` picks one of the three by density. When
+      it picks ``"sparse"`` or ``"delta"`` (the same weights), :meth:`matmul`
+      chooses again between the two when it is traced, by whether XLA
+      compiles it (:data:`SPARSE_BELOW_DENSITY_XLA`); :attr:`auto` is then
+      ``True``.
 
     Args:
         initial_value: the dense starting tensor (floating point). Its
             entries outside ``mask`` become the frozen values.
         mask: the trainable positions, anything
             :func:`refimpl.masks.to_mask` accepts for this shape.
-        mode: ``"delta"``, ``"select"`` or ``"auto"``.
+        mode: ``"delta"``, ``"select"``, ``"sparse"`` or ``"auto"``.
+        auto: only with a resolved ``"sparse"`` or ``"delta"`` mode: choose
+            between the two at trace time, as ``mode="auto"`` does (what
+            ``from_config`` passes back).
         shape: with ``num_free``, and no ``initial_value`` or ``mask``: an
             empty shell whose values and positions are loaded with the
             weights of a saved model (what ``from_config`` builds).
@@ -195,11 +251,20 @@ class PartialVariable(keras.layers.Layer):
         mode: str = "delta",
         shape=None,
         num_free: int | None = None,
+        auto: bool = False,
         **kwargs,
     ):
-        if mode not in _MODES + ("auto",):
+        if mode not in _ALL_MODES + ("auto",):
             raise ValueError(
-                f"`mode` must be one of {_MODES + ('auto',)}. Received: mode={mode!r}"
+                f"`mode` must be one of {_ALL_MODES + ('auto',)}. "
+                f"Received: mode={mode!r}"
+            )
+        if not isinstance(auto, (bool, np.bool_)):
+            raise TypeError(f"`auto` must be a bool. Received: auto={auto!r}")
+        if auto and mode not in ("sparse", "delta"):
+            raise ValueError(
+                "`auto` goes with a resolved mode 'sparse' or 'delta' (what "
+                f"mode='auto' resolves to). Received: auto=True, mode={mode!r}"
             )
         shell = initial_value is None and mask is None
         if shell:
@@ -214,6 +279,7 @@ class PartialVariable(keras.layers.Layer):
             shape = normalize_shape(shape, name="shape")
             num_free = _count(num_free, int(np.prod(shape)))
             value = None
+            _check_sparse_rank(mode, shape)
         else:
             if initial_value is None or mask is None:
                 missing, given = (
@@ -237,15 +303,19 @@ class PartialVariable(keras.layers.Layer):
         super().__init__(**kwargs)
         if value is not None:
             bool_mask = to_mask(mask, shape, name="mask")
-            mode = choose_mode(bool_mask) if mode == "auto" else mode
+            if mode == "auto":
+                mode = choose_mode(bool_mask)
+                auto = mode != "select"
+            _check_sparse_rank(mode, shape)
             flat = np.flatnonzero(bool_mask)
             num_free = len(flat)
         self.mode = mode
+        self.auto = bool(auto)
         self._shape = shape
         self._num_free = num_free
         self._loaded = value is not None
         index_dtype = "int32" if int(np.prod(shape)) < 2**31 else "int64"
-        free_shape = (num_free,) if mode == "delta" else shape
+        free_shape = shape if mode == "select" else (num_free,)
         # A shell starts with marks that no loaded model holds: positions
         # out of range and a NaN base. `_check_loaded` looks for them once.
         size = int(np.prod(shape))
@@ -264,7 +334,7 @@ class PartialVariable(keras.layers.Layer):
         )
         if value is None:
             start = None
-        elif mode == "delta":
+        elif mode != "select":
             start = value.reshape(-1)[flat]
         else:
             start = value
@@ -328,6 +398,48 @@ class PartialVariable(keras.layers.Layer):
             return keras.ops.where(self._select_mask(), free, base)
         return scatter_into(base, self.positions.value, free)
 
+    def matmul(self, x):
+        """Return ``x @ value()`` in the fastest exact form of the mode.
+
+        For a matrix only. With ``mode="sparse"`` this is the sparse product
+        (:func:`refimpl.sparse.sparse_matmul`): the matrix is never composed,
+        and the result equals ``x @ value()`` up to rounding. Otherwise it is
+        ``x @ value()``. Inside a layer's ``call`` the weights are read in the
+        layer's compute dtype, and ``x`` is cast to it.
+
+        Raises:
+            ValueError: if the tensor is not a matrix, or ``x``'s last axis
+                is not the matrix's first.
+        """
+        if len(self._shape) != 2:
+            raise ValueError(
+                "`matmul` needs a matrix: this PartialVariable has shape "
+                f"{self._shape}. Use `x @ value()` for other ranks"
+            )
+        x = keras.ops.convert_to_tensor(x)
+        if not x.shape or x.shape[-1] not in (None, self._shape[0]):
+            raise ValueError(
+                f"`x` must end in an axis of size {self._shape[0]} (the "
+                f"matrix's rows). Received: x.shape={tuple(x.shape)}"
+            )
+        self._check_loaded()
+        if self.product_mode() == "sparse":
+            base, free = self.base.value, self.free.value  # autocast in a call
+            x = keras.ops.cast(x, base.dtype)
+            return sparse_matmul(x, base, self.positions.value, free)
+        value = self.value()
+        return keras.ops.matmul(keras.ops.cast(x, value.dtype), value)
+
+    def product_mode(self) -> str:
+        """The form :meth:`matmul` uses here: ``"sparse"``, ``"delta"`` or ``"select"``.
+
+        :attr:`mode`, except with :attr:`auto`, where it also depends on
+        whether XLA compiles the code being traced.
+        """
+        if not self.auto or not xla_enabled():
+            return self.mode
+        return _mode_for(self._num_free, self._shape, jit_compile=True)
+
     def call(self, *args, **kwargs):
         raise TypeError(
             "A PartialVariable is a tensor, not a layer to call on inputs: "
@@ -365,7 +477,16 @@ class PartialVariable(keras.layers.Layer):
     def get_config(self) -> dict:
         config = {"mode": self.mode, "shape": list(self._shape)}
         config["num_free"] = self._num_free
+        config["auto"] = self.auto
         return {**super().get_config(), **config}
+
+
+def _check_sparse_rank(mode: str, shape) -> None:
+    if mode == "sparse" and len(shape) != 2:
+        raise ValueError(
+            "mode='sparse' is a matrix product: it needs a 2-D tensor. "
+            f"Received a tensor of shape {tuple(shape)}"
+        )
 
 
 def _float_array(value, name: str = "initial_value") -> np.ndarray:

@@ -247,9 +247,9 @@ def test_a_shell_filled_by_set_weights_equals_the_original():
             id="mask_shape",
         ),
         pytest.param(
-            lambda: PartialVariable(tf.zeros(2), [True, False], mode="sparse"),
+            lambda: PartialVariable(tf.zeros(2), [True, False], mode="dense"),
             ValueError,
-            "mode='sparse'",
+            "mode='dense'",
             id="bad_mode",
         ),
         pytest.param(
