@@ -14,13 +14,21 @@ implements every way around that, in two families:
 
 Every ``masks`` argument is a list of ``(variable, mask)`` pairs; in a mask,
 ``True`` (or 1.0) means trainable. See the book for when to use which.
+
+The Keras-level API (the layers, :func:`partialize`, :class:`PartialVariable`,
+:class:`FreezeEntries`, :class:`MaskedOptimizer`, :mod:`refimpl.selection`,
+the checks) runs on every Keras backend: TensorFlow, JAX and PyTorch. The
+TensorFlow-level teaching code (:func:`partially_trainable`,
+:func:`one_hot_trainable`, :func:`minimize`) needs ``KERAS_BACKEND=tensorflow``
+and says so when used under another backend.
 """
 
 __version__ = "1.0.0"
 
 # Re-impose frozen values after every update (a Keras constraint).
 # Choosing the entries to train: random, by magnitude, by Fisher score, structured.
-from refimpl import selection
+# The few pieces that differ between Keras backends.
+from refimpl import backend, selection
 from refimpl.constraints import FreezeEntries
 
 # Convert a model's layers to partially trainable ones, and fold them back.
@@ -45,12 +53,6 @@ from refimpl.partial_layers import enable_partial
 # Pictures.
 from refimpl.plotting import plot_mask
 
-# SciPy over the free entries only (replaces TF 1's ScipyOptimizerInterface).
-from refimpl.scipy_optimize import minimize
-
-# Block the gradient of frozen positions.
-from refimpl.stop_gradient import one_hot_trainable, partially_trainable
-
 # Structured matrices built from their free values, and their cheap products.
 from refimpl.structured import (
     banded,
@@ -72,6 +74,27 @@ from refimpl.testing import (
 
 # Free values plus a frozen base.
 from refimpl.variables import PartialVariable, choose_mode, compose
+
+# TensorFlow-level teaching code: block the gradient of frozen positions, and
+# SciPy over the free entries only (replaces TF 1's ScipyOptimizerInterface).
+_TENSORFLOW_LEVEL = {
+    "minimize": "refimpl.scipy_optimize",
+    "one_hot_trainable": "refimpl.stop_gradient",
+    "partially_trainable": "refimpl.stop_gradient",
+}
+
+if backend.name == "tensorflow":
+    from refimpl.scipy_optimize import minimize
+    from refimpl.stop_gradient import one_hot_trainable, partially_trainable
+
+
+def __getattr__(name: str):
+    # Reached only for names not set above: under JAX or PyTorch, the
+    # TensorFlow-level functions raise a clear ImportError when first used.
+    if name in _TENSORFLOW_LEVEL:
+        backend.require_tensorflow(f"refimpl.{name}")
+    raise AttributeError(f"module 'refimpl' has no attribute {name!r}")
+
 
 __all__ = [
     "BandedDense",

@@ -108,6 +108,8 @@ class FreezeEntries(keras.constraints.Constraint, KerasSaveable):
                 f"{self._mask.shape}: apply it to the variable it freezes. "
                 f"Received a variable of shape {tuple(w.shape)}"
             )
+        if isinstance(w, keras.Variable):
+            w = w.value  # (under JAX, the value of the current scope)
         frozen = ops.cast(self._values, w.dtype)
         return ops.where(self._mask, w, frozen)
 

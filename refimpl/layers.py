@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
 from refimpl._layer_base import (
     StructuredDense,
@@ -40,6 +40,7 @@ from refimpl.structured import (
     block_matmul,
     diagonal,
     diagonal_matmul,
+    split_last,
 )
 from refimpl.variables import _constant
 
@@ -129,10 +130,10 @@ class DiagonalDense(StructuredDense):
         return n
 
     def _product(self, x, dtype):
-        return diagonal_matmul(x, tf.cast(self.diagonal, dtype))
+        return diagonal_matmul(x, ops.cast(self.diagonal, dtype))
 
     def _kernel(self, dtype):
-        return diagonal(tf.cast(self.diagonal, dtype))
+        return diagonal(ops.cast(self.diagonal, dtype))
 
     def _trainable_mask(self):
         return np.eye(self.diagonal.shape[0], dtype=bool)
@@ -287,11 +288,11 @@ class BandedDense(StructuredDense):
     def _diagonals(self, dtype):
         """The band as (diagonals, offsets), for :mod:`refimpl.structured`."""
         main = self.diagonal if self._fixed is None else self.fixed_diagonal
-        main = tf.cast(main, dtype)
+        main = ops.cast(main, dtype)
         diagonals, offsets = [main], [0]
         if self._off:
             sizes = [self._n - abs(k) for k in self._off]
-            pieces = tf.split(tf.cast(self.off_diagonals, dtype), sizes)
+            pieces = split_last(ops.cast(self.off_diagonals, dtype), sizes)
             diagonals += pieces
             offsets += self._off
         return diagonals, offsets
@@ -473,7 +474,7 @@ class BlockDense(StructuredDense):
             [
                 None
                 if b is None
-                else tf.cast(getattr(self, f"{_kind(b)}_{i}_{j}"), dtype)
+                else ops.cast(getattr(self, f"{_kind(b)}_{i}_{j}"), dtype)
                 for j, b in enumerate(row)
             ]
             for i, row in enumerate(self._grid)

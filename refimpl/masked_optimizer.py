@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import keras
 import numpy as np
-import tensorflow as tf
 
+from refimpl import backend
 from refimpl.masks import check_pairs, mask_constant, pair_masks, variable_pairs
 from refimpl.variables import _constant, _read_now
 
@@ -283,17 +283,6 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             self.restore_frozen,
         )
 
-    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
-        """Not supported: the JAX backend's functional update.
-
-        Raises:
-            NotImplementedError: always; use the TensorFlow backend.
-        """
-        raise NotImplementedError(
-            "MaskedOptimizer runs on the TensorFlow backend; "
-            "stateless_apply (JAX) is not supported yet"
-        )
-
     @property
     def learning_rate(self):
         return self.inner_optimizer.learning_rate
@@ -388,9 +377,10 @@ def mask_gradients(grads_and_vars, masks) -> list[tuple]:
             does not fit, or a masked variable that is not in
             ``grads_and_vars``.
 
-    >>> w = tf.Variable([1.0, 2.0])
-    >>> [(g, _)] = mask_gradients([(tf.constant([3.0, 4.0]), w)], [(w, [True, False])])
-    >>> g.numpy()
+    >>> w = keras.Variable([1.0, 2.0])
+    >>> grad = keras.ops.array([3.0, 4.0])
+    >>> [(g, _)] = mask_gradients([(grad, w)], [(w, [True, False])])
+    >>> keras.ops.convert_to_numpy(g)
     array([3., 0.], dtype=float32)
     """
     grads, variables = _split(grads_and_vars)
@@ -422,8 +412,8 @@ def apply_masked_gradients(
     """Mask the gradients, apply them, and optionally restore frozen entries.
 
     One step of :class:`MaskedOptimizer`, for a custom loop with an optimizer
-    you already have. Works eagerly, in ``tf.function`` and under
-    ``tf.distribute`` (in replica context).
+    you already have. Works eagerly on every backend, and on TensorFlow
+    also in ``tf.function`` and under ``tf.distribute`` (in replica context).
 
     Args:
         optimizer: a Keras optimizer.
@@ -439,11 +429,11 @@ def apply_masked_gradients(
         ValueError: for a ``None`` gradient of a masked variable, or a mask
             that does not fit.
 
-    >>> x = tf.Variable([3.0, 2.0])
+    >>> x = keras.Variable([3.0, 2.0])
     >>> apply_masked_gradients(
-    ...     keras.optimizers.SGD(0.1), [(tf.constant([2.0, 10.0]), x)],
+    ...     keras.optimizers.SGD(0.1), [(keras.ops.array([2.0, 10.0]), x)],
     ...     [(x, [True, False])])
-    >>> x.numpy()
+    >>> keras.ops.convert_to_numpy(x)
     array([2.8, 2. ], dtype=float32)
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
@@ -461,7 +451,7 @@ def apply_masked_gradients(
         return
     arrays = pair_masks(masks, variables, scales=True)
     _check_gradients(grads, variables, arrays)
-    tensors = [None if a is None else tf.constant(a) for a in arrays]
+    tensors = [None if a is None else keras.ops.convert_to_tensor(a) for a in arrays]
     scaled = [a is not None and bool(((a > 0) & (a < 1)).any()) for a in arrays]
     _masked_step(optimizer, grads, variables, tensors, scaled, restore_frozen)
 
@@ -490,39 +480,16 @@ def _masked_step(optimizer, grads, variables, masks, scaled, restore) -> None:
             value = keras.ops.where(mask > 0, value, old)
         else:
             value = keras.ops.where(mask > 0, new, old)
-        _assign_on_every_replica(variable, value)
+        backend.assign_on_every_replica(variable, value)
 
 
 def _mask_one(grad, keep):
     """Zero ``grad`` where ``keep`` is False, with a select (NaN-safe)."""
-    if isinstance(grad, tf.IndexedSlices):
-        rows = tf.gather(keep, grad.indices)
-        values = tf.where(rows, grad.values, tf.zeros_like(grad.values))
-        return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
+    sparse = backend.mask_sparse_gradient(grad, keep)
+    if sparse is not None:
+        return sparse
     grad = keras.ops.convert_to_tensor(grad)
     return keras.ops.where(keep, grad, keras.ops.zeros_like(grad))
-
-
-def _assign_on_every_replica(var, value) -> None:
-    """``var.assign(value)``, also correct inside ``strategy.run``.
-
-    In replica context a plain assign to a mirrored variable is aggregated by
-    the variable's ``aggregation`` (with ``SUM`` the replicas' writes add up).
-    Every replica computes the same restored value for its own copy, so the
-    write goes through a merge call that updates each copy with its replica's
-    value, whatever the aggregation.
-    """
-    if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
-        var.assign(value)
-        return
-    tf_var = var.value if isinstance(var, keras.Variable) else var
-
-    def merge_fn(strategy, variable, per_replica_value):
-        strategy.extended.update(
-            variable, lambda v, x: v.assign(x), args=(per_replica_value,)
-        )
-
-    tf.distribute.get_replica_context().merge_call(merge_fn, args=(tf_var, value))
 
 
 def _split(grads_and_vars) -> tuple[list, list]:

@@ -24,7 +24,8 @@ from collections.abc import Sequence
 
 import keras
 import numpy as np
-import tensorflow as tf
+
+from refimpl import backend
 
 __all__ = [
     "to_mask",
@@ -42,8 +43,8 @@ def normalize_shape(shape, *, name: str = "shape") -> tuple[int, ...]:
     """Return ``shape`` as a tuple of non-negative Python ints.
 
     Args:
-        shape: a tuple, list, ``tf.TensorShape`` or NumPy shape. Every dimension
-            must be known.
+        shape: a tuple, list, ``tf.TensorShape`` or NumPy shape. Every
+            dimension must be known.
         name: the argument's name, used in error messages.
 
     Returns:
@@ -53,10 +54,10 @@ def normalize_shape(shape, *, name: str = "shape") -> tuple[int, ...]:
         TypeError: if ``shape`` is not a sequence of integers.
         ValueError: if a dimension is unknown or negative.
 
-    >>> normalize_shape(tf.TensorShape([2, 3]))
+    >>> normalize_shape([2, np.int64(3)])
     (2, 3)
     """
-    if isinstance(shape, tf.TensorShape):
+    if type(shape).__name__ == "TensorShape":  # tf.TensorShape, without tf
         if shape.rank is None or not shape.is_fully_defined():
             raise ValueError(
                 f"`{name}` must be fully known, with a static size in every "
@@ -90,14 +91,16 @@ def normalize_shape(shape, *, name: str = "shape") -> tuple[int, ...]:
 def _as_numpy(value, name: str) -> np.ndarray:
     if isinstance(value, keras.Variable):
         return np.asarray(keras.ops.convert_to_numpy(value))
-    if isinstance(value, (tf.Tensor, tf.Variable)):
-        if not tf.executing_eagerly() or not hasattr(value, "numpy"):
+    if backend.is_variable(value):
+        return backend.read_now(value)
+    if keras.ops.is_tensor(value):
+        if backend.is_symbolic(value):
             raise TypeError(
                 f"`{name}` must be static (a NumPy array, a list, or an eager "
                 f"tensor), because it fixes which positions are trainable. "
                 f"Received a symbolic tensor: {name}={value!r}"
             )
-        return value.numpy()
+        return np.asarray(keras.ops.convert_to_numpy(value))
     try:
         array = np.asarray(value)
     except (ValueError, TypeError) as err:
@@ -262,18 +265,17 @@ def mask_to_indices(mask) -> np.ndarray:
     return np.argwhere(array).astype(np.int64)
 
 
-def mask_constant(mask) -> tf.Tensor:
-    """Return a validated boolean NumPy mask as a ``tf.bool`` constant, fast.
+def mask_constant(mask):
+    """Return a validated boolean NumPy mask as a boolean backend tensor, fast.
 
-    ``tf.constant`` of a large boolean array is slow (seconds for a 4096 x 4096
-    mask inside ``tf.function``); the same bytes as ``uint8`` are copied at
-    once and cast on the device.
+    (On TensorFlow, ``tf.constant`` of a large boolean array is slow: seconds
+    for a 4096 x 4096 mask inside ``tf.function``; see
+    :func:`refimpl.backend.bool_constant`.)
 
-    >>> mask_constant(np.array([True, False])).numpy()
+    >>> keras.ops.convert_to_numpy(mask_constant(np.array([True, False])))
     array([ True, False])
     """
-    array = np.ascontiguousarray(mask, dtype=bool)
-    return tf.cast(tf.constant(array.view(np.uint8)), tf.bool)
+    return backend.bool_constant(mask)
 
 
 def mask_shape(mask, *, name: str = "mask") -> tuple[int, ...] | None:
@@ -390,7 +392,7 @@ def variable_pairs(items, *, name: str, slot: int, kind: str) -> list[tuple]:
             raise TypeError(
                 f"`{name}[{i}]` must be a {kind} pair. Received: {name}[{i}]={pair!r}"
             )
-        if not isinstance(pair[slot], (tf.Variable, keras.Variable)):
+        if not backend.is_variable(pair[slot]):
             where = "start" if slot == 0 else "end"
             raise TypeError(
                 f"`{name}[{i}]` must {where} with a variable (a keras.Variable "

@@ -14,9 +14,15 @@ from collections.abc import Callable
 
 import numpy as np
 import scipy.optimize
-import tensorflow as tf
 
-from refimpl.masks import mask_to_indices, normalize_shape, to_mask
+from refimpl import backend
+
+# The TensorFlow-level code: a clear error, before TensorFlow is imported.
+backend.require_tensorflow("refimpl.scipy_optimize")
+
+import tensorflow as tf  # noqa: E402
+
+from refimpl.masks import mask_to_indices, normalize_shape, to_mask  # noqa: E402
 
 __all__ = ["minimize"]
 

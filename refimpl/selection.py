@@ -22,6 +22,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
+from refimpl import backend
 from refimpl.masks import normalize_shape
 
 __all__ = [
@@ -99,8 +100,6 @@ def fisher_scores(model, x, y, *, loss, batch_size: int = 32, batches: int = 4):
     Returns:
         A dict from each trainable weight's path to a NumPy array of its shape.
     """
-    import tensorflow as tf
-
     if not isinstance(model, keras.Model):
         raise TypeError(f"`model` must be a Keras model. Received: model={model!r}")
     for name, value in (("batch_size", batch_size), ("batches", batches)):
@@ -119,12 +118,15 @@ def fisher_scores(model, x, y, *, loss, batch_size: int = 32, batches: int = 4):
     totals = [np.zeros(tuple(v.shape), np.float64) for v in variables]
     for start in range(0, min(len(x), batches * batch_size), batch_size):
         xb, yb = x[start : start + batch_size], y[start : start + batch_size]
-        with tf.GradientTape() as tape:
+
+        def batch_loss(outputs, yb=yb):
             # The batch mean, whether ``loss`` reduces or not.
-            value = keras.ops.mean(loss_fn(yb, model(xb, training=False)))
-        for total, grad in zip(totals, tape.gradient(value, variables), strict=True):
+            return keras.ops.mean(loss_fn(yb, outputs))
+
+        grads = backend.batch_gradients(model, batch_loss, xb)
+        for total, grad in zip(totals, grads, strict=True):
             if grad is not None:
-                total += np.square(keras.ops.convert_to_numpy(grad), dtype=np.float64)
+                total += np.square(grad, dtype=np.float64)
     return {v.path: total for v, total in zip(variables, totals, strict=True)}
 
 
@@ -217,6 +219,15 @@ def block_mask(shape, row_sizes, col_sizes, blocks) -> np.ndarray:
         edges.append(np.concatenate([[0], np.cumsum(sizes)]))
     mask = np.zeros(shape, bool)
     for n, block in enumerate(blocks):
+        if not (
+            isinstance(block, (tuple, list))
+            and len(block) == 2
+            and all(isinstance(v, (int, np.integer)) for v in block)
+        ):
+            raise TypeError(
+                f"`blocks[{n}]` must be an (i, j) pair of ints, the block's row "
+                f"and column in the grid. Received: blocks[{n}]={block!r}"
+            )
         i, j = block
         if not (0 <= i < len(edges[0]) - 1 and 0 <= j < len(edges[1]) - 1):
             raise ValueError(

@@ -17,9 +17,14 @@ the frozen ones.
 
 from __future__ import annotations
 
-import tensorflow as tf
+from refimpl import backend
 
-from refimpl.masks import mask_constant, mask_to_indices, normalize_shape, to_mask
+# The TensorFlow-level code: a clear error, before TensorFlow is imported.
+backend.require_tensorflow("refimpl.stop_gradient")
+
+import tensorflow as tf  # noqa: E402
+
+from refimpl.masks import mask_constant, mask_to_indices, normalize_shape, to_mask  # noqa: E402
 
 __all__ = ["partially_trainable", "one_hot_trainable"]
 

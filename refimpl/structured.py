@@ -2,9 +2,10 @@
 
 Every builder here takes only the values that define the matrix (a diagonal, a
 few diagonals, a grid of blocks, k free entries) and returns the dense tensor,
-built in the forward pass. Make the defining values variables and the optimizer
-sees nothing else: fixed values are constants, never optimizer state, so no
-optimizer can move them.
+built in the forward pass. Make the defining values variables and the
+optimizer sees nothing else: fixed values are constants, never optimizer
+state, so no optimizer can move them. Everything here is ``keras.ops``, so it
+runs on every Keras backend and returns that backend's tensors.
 
 Matrices act on a batch from the right, like a Dense kernel: ``y = x @ W``
 with ``x`` of shape ``[batch, n]``. Each builder has a product that gives the
@@ -15,11 +16,14 @@ split matmuls that skip zero blocks for a block matrix.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
+import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
+from refimpl import backend
 from refimpl.masks import mask_to_indices, normalize_shape, to_mask
 
 __all__ = [
@@ -33,27 +37,27 @@ __all__ = [
 ]
 
 
-def diagonal(w) -> tf.Tensor:
+def diagonal(w):
     """Return the ``[n, n]`` matrix with ``w`` on its diagonal and zeros elsewhere.
 
     Args:
         w: a 1-D tensor or variable of length ``n``.
 
     Returns:
-        ``tf.linalg.diag(w)``.
+        ``keras.ops.diag(w)``.
 
     Raises:
         ValueError: if ``w`` is not 1-D.
 
-    >>> diagonal(tf.constant([1.0, 2.0])).numpy()
+    >>> ops.convert_to_numpy(diagonal([1.0, 2.0]))
     array([[1., 0.],
            [0., 2.]], dtype=float32)
     """
     w = _vector(w, "w")
-    return tf.linalg.diag(w)
+    return ops.diag(w)
 
 
-def diagonal_matmul(x, w) -> tf.Tensor:
+def diagonal_matmul(x, w):
     """Return ``x @ diagonal(w)``, computed as ``x * w`` in O(n) per row.
 
     Args:
@@ -67,7 +71,7 @@ def diagonal_matmul(x, w) -> tf.Tensor:
         ValueError: if ``w`` is not 1-D or ``x`` does not end in ``n``.
         TypeError: if the dtypes differ.
 
-    >>> diagonal_matmul(tf.constant([[1.0, 1.0]]), tf.constant([2.0, 3.0])).numpy()
+    >>> ops.convert_to_numpy(diagonal_matmul([[1.0, 1.0]], [2.0, 3.0]))
     array([[2., 3.]], dtype=float32)
     """
     w = _vector(w, "w")
@@ -75,7 +79,7 @@ def diagonal_matmul(x, w) -> tf.Tensor:
     return x * w
 
 
-def banded(diagonals: Sequence, offsets: Sequence[int]) -> tf.Tensor:
+def banded(diagonals: Sequence, offsets: Sequence[int]):
     """Return the square matrix with the given diagonals and zeros elsewhere.
 
     The diagonal at offset ``k`` (0 main, ``k > 0`` above, ``k < 0`` below)
@@ -94,28 +98,28 @@ def banded(diagonals: Sequence, offsets: Sequence[int]) -> tf.Tensor:
             or lists of different lengths.
         TypeError: for non-integer offsets or diagonals of different dtypes.
 
-    >>> banded([tf.ones(3), tf.constant([2.0, 3.0])], [0, 1]).numpy()
+    >>> ops.convert_to_numpy(banded([np.ones(3, "float32"), [2.0, 3.0]], [0, 1]))
     array([[1., 2., 0.],
            [0., 1., 3.],
            [0., 0., 1.]], dtype=float32)
     """
     diagonals, offsets, n = _band(diagonals, offsets)
-    lo, hi = min(offsets), max(offsets)
-    longest = n - min(abs(k) for k in range(lo, hi + 1))
-    given = dict(zip(offsets, diagonals, strict=True))
-    dtype = diagonals[0].dtype
-    rows = []
-    for k in range(hi, lo - 1, -1):  # tf.linalg.diag wants the highest first
-        d = given.get(k, tf.zeros([n - abs(k)], dtype))
-        pad = longest - (n - abs(k))
-        # Default alignment RIGHT_LEFT: superdiagonals padded on the left.
-        rows.append(tf.pad(d, [[pad, 0]] if k > 0 else [[0, pad]]))
-    packed = tf.stack(rows) if lo != hi else rows[0]
-    k = (lo, hi) if lo != hi else lo
-    return tf.linalg.diag(packed, k=k, num_rows=n, num_cols=n)
+    # One scatter of every diagonal's values to its positions: entry i of the
+    # diagonal at offset k sits at (i, i + k) above the main diagonal and at
+    # (i - k, i) below it.
+    rows, cols = [], []
+    for k in offsets:
+        i = np.arange(n - abs(k))
+        rows.append(i if k >= 0 else i - k)
+        cols.append(i + k if k >= 0 else i)
+    indices = np.stack([np.concatenate(rows), np.concatenate(cols)], axis=-1)
+    values = ops.concatenate(diagonals, axis=0) if len(diagonals) > 1 else diagonals[0]
+    # An update, not an add into zeros: a fixed -0.0 keeps its sign bit.
+    zeros = ops.zeros((n, n), _dtype(values))
+    return ops.scatter_update(zeros, indices.astype("int32"), values)
 
 
-def banded_matmul(x, diagonals: Sequence, offsets: Sequence[int]) -> tf.Tensor:
+def banded_matmul(x, diagonals: Sequence, offsets: Sequence[int]):
     """Return ``x @ banded(diagonals, offsets)`` by shifted elementwise products.
 
     Column ``j`` of the result collects ``x[..., j - k] * A[j - k, j]`` over
@@ -134,8 +138,9 @@ def banded_matmul(x, diagonals: Sequence, offsets: Sequence[int]) -> tf.Tensor:
         ValueError, TypeError: as for :func:`banded`, or if ``x`` does not
             fit.
 
-    >>> x = tf.constant([[1.0, 10.0, 100.0]])
-    >>> banded_matmul(x, [tf.ones(3), tf.constant([2.0, 3.0])], [0, 1]).numpy()
+    >>> x = [[1.0, 10.0, 100.0]]
+    >>> diagonals = [np.ones(3, "float32"), [2.0, 3.0]]
+    >>> ops.convert_to_numpy(banded_matmul(x, diagonals, [0, 1]))
     array([[  1.,  12., 130.]], dtype=float32)
     """
     diagonals, offsets, n = _band(diagonals, offsets)
@@ -148,11 +153,11 @@ def banded_matmul(x, diagonals: Sequence, offsets: Sequence[int]) -> tf.Tensor:
             part, pad = x[..., : n - m] * d, [m, 0]
         else:  # y[..., :n-m] += x[..., m:] * d
             part, pad = x[..., m:] * d, [0, m]
-        terms.append(tf.pad(part, [[0, 0]] * (rank - 1) + [pad]) if m else part)
-    return tf.add_n(terms)
+        terms.append(ops.pad(part, [[0, 0]] * (rank - 1) + [pad]) if m else part)
+    return functools.reduce(ops.add, terms)
 
 
-def block(rows: Sequence[Sequence]) -> tf.Tensor:
+def block(rows: Sequence[Sequence]):
     """Assemble a matrix from a grid of 2-D blocks, like ``np.block``.
 
     ``None`` stands for a zero block; its shape follows from the other blocks
@@ -164,7 +169,7 @@ def block(rows: Sequence[Sequence]) -> tf.Tensor:
             rows of the same length.
 
     Returns:
-        The dense matrix, ``tf.concat`` of the rows of blocks.
+        The dense matrix, the concatenation of the rows of blocks.
 
     Raises:
         ValueError: for a ragged grid, a block that is not 2-D, blocks whose
@@ -172,7 +177,8 @@ def block(rows: Sequence[Sequence]) -> tf.Tensor:
             row or block column is ``None``.
         TypeError: for blocks of different dtypes.
 
-    >>> block([[None, -0.2 * tf.eye(1)], [0.35 * tf.eye(1), tf.ones((1, 1))]]).numpy()
+    >>> eye = np.eye(1, dtype="float32")
+    >>> ops.convert_to_numpy(block([[None, -0.2 * eye], [0.35 * eye, eye]]))
     array([[ 0.  , -0.2 ],
            [ 0.35,  1.  ]], dtype=float32)
     """
@@ -180,14 +186,14 @@ def block(rows: Sequence[Sequence]) -> tf.Tensor:
     out = []
     for i, row in enumerate(grid):
         parts = [
-            tf.zeros([heights[i], widths[j]], dtype) if b is None else b
+            ops.zeros((heights[i], widths[j]), dtype) if b is None else b
             for j, b in enumerate(row)
         ]
-        out.append(tf.concat(parts, axis=1) if len(parts) > 1 else parts[0])
-    return tf.concat(out, axis=0) if len(out) > 1 else out[0]
+        out.append(ops.concatenate(parts, axis=1) if len(parts) > 1 else parts[0])
+    return ops.concatenate(out, axis=0) if len(out) > 1 else out[0]
 
 
-def block_matmul(x, rows: Sequence[Sequence]) -> tf.Tensor:
+def block_matmul(x, rows: Sequence[Sequence]):
     """Return ``x @ block(rows)`` by split matmuls that skip the zero blocks.
 
     ``x`` is split along its last axis into pieces of the block-row heights;
@@ -204,28 +210,36 @@ def block_matmul(x, rows: Sequence[Sequence]) -> tf.Tensor:
     Raises:
         ValueError, TypeError: as for :func:`block`, or if ``x`` does not fit.
 
-    >>> rows = [[None, 2.0 * tf.eye(1)], [tf.eye(1), None]]
-    >>> block_matmul(tf.constant([[1.0, 10.0]]), rows).numpy()
+    >>> eye = np.eye(1, dtype="float32")
+    >>> rows = [[None, 2.0 * eye], [eye, None]]
+    >>> ops.convert_to_numpy(block_matmul([[1.0, 10.0]], rows))
     array([[10.,  2.]], dtype=float32)
     """
     grid, heights, widths, dtype = _grid(rows)
     x = _batch(x, sum(heights), dtype)
-    pieces = tf.split(x, heights, axis=-1) if len(heights) > 1 else [x]
+    pieces = split_last(x, heights)
     columns = []
     for j, width in enumerate(widths):
         terms = [
-            tf.matmul(pieces[i], grid[i][j])
+            ops.matmul(pieces[i], grid[i][j])
             for i in range(len(heights))
             if grid[i][j] is not None
         ]
         if terms:
-            columns.append(tf.add_n(terms))
-        else:
-            columns.append(tf.zeros(tf.concat([tf.shape(x)[:-1], [width]], 0), dtype))
-    return tf.concat(columns, axis=-1) if len(columns) > 1 else columns[0]
+            columns.append(functools.reduce(ops.add, terms))
+        else:  # a block column of zeros, as wide as the blocks say
+            columns.append(ops.repeat(ops.zeros_like(x[..., :1]), width, axis=-1))
+    return ops.concatenate(columns, axis=-1) if len(columns) > 1 else columns[0]
 
 
-def scatter_free(template, indices, values) -> tf.Tensor:
+def split_last(x, sizes: Sequence[int]) -> list:
+    """Split ``x`` along its last axis into pieces of the given sizes."""
+    if len(sizes) == 1:
+        return [x]
+    return ops.split(x, list(np.cumsum(sizes)[:-1]), axis=-1)
+
+
+def scatter_free(template, indices, values):
     """Write ``k`` free values into a frozen template.
 
     Args:
@@ -237,30 +251,30 @@ def scatter_free(template, indices, values) -> tf.Tensor:
         values: a 1-D tensor of length ``k``, the template's dtype.
 
     Returns:
-        ``tf.tensor_scatter_nd_update(template, indices, values)``.
+        ``keras.ops.scatter_update(template, indices, values)``.
 
     Raises:
         ValueError: for bad indices or a ``values`` of the wrong length.
         TypeError: if the dtypes differ.
 
-    >>> scatter_free(tf.zeros((2, 2)), [[0, 1]], tf.constant([5.0])).numpy()
+    >>> ops.convert_to_numpy(scatter_free(np.zeros((2, 2), "float32"), [[0, 1]], [5.0]))
     array([[0., 5.],
            [0., 0.]], dtype=float32)
     """
-    template = tf.convert_to_tensor(template)
-    index_array = _index_list(indices, template.shape, "indices")
+    template = ops.convert_to_tensor(template)
+    index_array = _index_list(indices, tuple(template.shape), "indices")
     values = _vector(values, "values")
-    if values.dtype != template.dtype:
+    if _dtype(values) != _dtype(template):
         raise TypeError(
-            f"`values` must have the template's dtype {template.dtype.name}. "
-            f"Received: values.dtype={values.dtype.name}"
+            f"`values` must have the template's dtype {_dtype(template)}. "
+            f"Received: values.dtype={_dtype(values)}"
         )
     if values.shape[0] != len(index_array):
         raise ValueError(
             f"`values` must hold one value per index ({len(index_array)}). "
             f"Received: values.shape={tuple(values.shape)}"
         )
-    return tf.tensor_scatter_nd_update(template, index_array, values)
+    return ops.scatter_update(template, index_array, values)
 
 
 def _index_list(indices, shape, name: str) -> np.ndarray:
@@ -270,43 +284,61 @@ def _index_list(indices, shape, name: str) -> np.ndarray:
     """
     shape = normalize_shape(shape, name="template.shape")
     mask = to_mask(indices, shape, name=name, indices_expected=True)
-    array = np.asarray(indices.numpy() if hasattr(indices, "numpy") else indices)
+    if keras.ops.is_tensor(indices) or backend.is_variable(indices):
+        indices = ops.convert_to_numpy(indices)
+    array = np.asarray(indices)
     if array.size and np.issubdtype(array.dtype, np.integer):
         return array.astype(np.int64).reshape(-1, len(shape))
     return mask_to_indices(mask)
 
 
-def _vector(value, name: str) -> tf.Tensor:
+def _dtype(tensor) -> str:
+    return keras.backend.standardize_dtype(tensor.dtype)
+
+
+def _tensor(value):
+    """``value`` as a backend tensor; a variable is read (and so differentiated)."""
+    if isinstance(value, keras.Variable):
+        return value.value
+    if ops.is_tensor(value) or backend.is_variable(value):
+        return value
+    return ops.convert_to_tensor(value)
+
+
+def _vector(value, name: str):
     try:
-        tensor = tf.convert_to_tensor(value)
+        tensor = _tensor(value)
+        dtype = _dtype(tensor)
     except (TypeError, ValueError) as err:
         raise TypeError(
             f"`{name}` must be a 1-D numeric tensor. Received: {name}={value!r}"
         ) from err
-    if not (tensor.dtype.is_floating or tensor.dtype.is_complex):
+    if not (dtype.startswith(("float", "complex")) or dtype == "bfloat16"):
         raise TypeError(
             f"`{name}` must hold floating-point numbers. Received dtype "
-            f"{tensor.dtype.name}: {name}={value!r}"
+            f"{dtype}: {name}={value!r}"
         )
-    if tensor.shape.rank != 1 or tensor.shape[0] is None:
+    shape = tuple(tensor.shape)
+    if len(shape) != 1 or shape[0] is None:
         raise ValueError(
             f"`{name}` must be a 1-D tensor of known length. "
-            f"Received: {name}.shape={tensor.shape}"
+            f"Received: {name}.shape={shape}"
         )
     return tensor
 
 
-def _batch(x, n: int, dtype) -> tf.Tensor:
-    x = tf.convert_to_tensor(x)
-    if x.shape.rank is None or x.shape.rank < 1 or x.shape[-1] != n:
+def _batch(x, n: int, dtype):
+    x = _tensor(x)
+    shape = tuple(x.shape)
+    if len(shape) < 1 or shape[-1] != n:
         raise ValueError(
             f"`x` must have shape [..., {n}] to be multiplied by an {n}x{n} "
-            f"matrix from the right. Received: x.shape={x.shape}"
+            f"matrix from the right. Received: x.shape={shape}"
         )
-    if x.dtype != dtype:
+    dtype = keras.backend.standardize_dtype(dtype)
+    if _dtype(x) != dtype:
         raise TypeError(
-            f"`x` must have the matrix's dtype {tf.as_dtype(dtype).name}. "
-            f"Received: x.dtype={x.dtype.name}"
+            f"`x` must have the matrix's dtype {dtype}. Received: x.dtype={_dtype(x)}"
         )
     return x
 
@@ -317,9 +349,7 @@ def _band(diagonals, offsets):
     ):
         raise TypeError(f"`offsets` must be a list of ints. Received: {offsets!r}")
     offsets = list(offsets)
-    if isinstance(diagonals, (tf.Tensor, tf.Variable, np.ndarray)) or not isinstance(
-        diagonals, Sequence
-    ):
+    if _is_array(diagonals) or not isinstance(diagonals, Sequence):
         raise TypeError(
             "`diagonals` must be a list of 1-D tensors, one per offset. "
             f"Received: diagonals={diagonals!r}"
@@ -345,39 +375,43 @@ def _band(diagonals, offsets):
             "satisfy |k| < n. "
             f"Received: offsets={offsets}, lengths={lengths}"
         )
-    dtypes = {t.dtype for t in tensors}
+    dtypes = {_dtype(t) for t in tensors}
     if len(dtypes) != 1:
         raise TypeError(
-            "`diagonals` must share one dtype. Received: "
-            f"{[t.dtype.name for t in tensors]}"
+            "`diagonals` must share one dtype. "
+            f"Received: {[_dtype(t) for t in tensors]}"
         )
     return tensors, offsets, sizes.pop()
 
 
 def _grid(rows):
     check_rectangular(rows, "rows")
-    tf_dtypes = {
-        tf.as_dtype(b.dtype).name
+    tensor_dtypes = {
+        keras.backend.standardize_dtype(b.dtype)
         for r in rows
         for b in r
         if hasattr(b, "dtype") and not isinstance(b, (np.ndarray, np.generic))
     }
-    if len(tf_dtypes) > 1:
+    if len(tensor_dtypes) > 1:
         raise TypeError(
-            f"The blocks of `rows` must share one dtype. Received: {sorted(tf_dtypes)}"
+            "The blocks of `rows` must share one dtype. "
+            f"Received: {sorted(tensor_dtypes)}"
         )
-    dtype = tf_dtypes.pop() if tf_dtypes else None
+    dtype = tensor_dtypes.pop() if tensor_dtypes else None
     grid = []
     for i, r in enumerate(rows):
         grid.append([])
         for j, b in enumerate(r):
             if b is not None:
-                b = tf.convert_to_tensor(b, dtype=dtype)
-                dtype = dtype or b.dtype.name
-                if b.shape.rank != 2 or not b.shape.is_fully_defined():
+                b = _tensor(b) if hasattr(b, "dtype") else b
+                if not hasattr(b, "dtype") or isinstance(b, (np.ndarray, np.generic)):
+                    b = ops.convert_to_tensor(b, dtype=dtype)
+                dtype = dtype or _dtype(b)
+                shape = tuple(b.shape)
+                if len(shape) != 2 or None in shape:
                     raise ValueError(
                         f"Every block of `rows` must be a 2-D tensor of known "
-                        f"shape. Received: rows[{i}][{j}].shape={b.shape}"
+                        f"shape. Received: rows[{i}][{j}].shape={shape}"
                     )
             grid[-1].append(b)
     shapes = [[None if b is None else tuple(b.shape) for b in r] for r in grid]
@@ -387,12 +421,16 @@ def _grid(rows):
 
 def check_rectangular(rows, name: str) -> None:
     """Check that ``rows`` is a non-empty, rectangular list of non-empty lists."""
-    if isinstance(rows, (tf.Tensor, tf.Variable, np.ndarray, str)) or not (
-        isinstance(rows, Sequence)
-        and rows
-        and all(
-            isinstance(r, Sequence) and not isinstance(r, str) and len(r) > 0
-            for r in rows
+    if (
+        _is_array(rows)
+        or isinstance(rows, str)
+        or not (
+            isinstance(rows, Sequence)
+            and rows
+            and all(
+                isinstance(r, Sequence) and not isinstance(r, str) and len(r) > 0
+                for r in rows
+            )
         )
     ):
         raise ValueError(
@@ -457,6 +495,15 @@ def block_sizes(shapes, name: str, heights=None, widths=None, *, size_names=None
             raise ValueError(
                 f"Block {kind} {sizes.index(None)} of `{name}` has no block of a "
                 f"known shape, so its {what} cannot be inferred; give one block of "
-                "that shape (for example tf.zeros(...)) or its size"
+                "that shape (for example np.zeros(...)) or its size"
             )
     return heights, widths
+
+
+def _is_array(value) -> bool:
+    """A tensor, variable or NumPy array (not a list of them)."""
+    return (
+        isinstance(value, np.ndarray)
+        or ops.is_tensor(value)
+        or backend.is_variable(value)
+    )

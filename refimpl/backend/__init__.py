@@ -12,7 +12,9 @@ package picks the module of the active backend once, at import:
 * :func:`assign_on_every_replica`: an assign that is also correct inside a
   ``tf.distribute`` replica function;
 * :func:`batch_gradients`: the gradients of a model's batch loss with
-  respect to its trainable weights, as NumPy arrays.
+  respect to its trainable weights, as NumPy arrays;
+* :func:`is_variable` and :func:`is_symbolic`: what kind of value an
+  argument is (a variable; a tensor whose value is not known yet).
 
 >>> from refimpl import backend
 >>> backend.name in ("tensorflow", "jax", "torch")
@@ -29,6 +31,8 @@ __all__ = [
     "assign_on_every_replica",
     "batch_gradients",
     "bool_constant",
+    "is_symbolic",
+    "is_variable",
     "mask_sparse_gradient",
     "name",
     "read_now",
@@ -51,6 +55,8 @@ bool_constant = _impl.bool_constant
 mask_sparse_gradient = _impl.mask_sparse_gradient
 assign_on_every_replica = _impl.assign_on_every_replica
 batch_gradients = _impl.batch_gradients
+is_variable = _impl.is_variable
+is_symbolic = _impl.is_symbolic
 
 
 def require_tensorflow(what: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import keras
 import numpy as np
 
 
@@ -37,3 +38,11 @@ def batch_gradients(model, loss_of_outputs, x) -> list:
         return loss_of_outputs(outputs)
 
     return [np.asarray(g) for g in jax.grad(loss)(trainable)]
+
+
+def is_variable(value) -> bool:
+    return isinstance(value, keras.Variable)
+
+
+def is_symbolic(value) -> bool:
+    return isinstance(value, jax.core.Tracer)

@@ -52,3 +52,11 @@ def batch_gradients(model, loss_of_outputs, x) -> list:
         value = loss_of_outputs(model(x, training=False))
     grads = tape.gradient(value, variables)
     return [None if g is None else keras.ops.convert_to_numpy(g) for g in grads]
+
+
+def is_variable(value) -> bool:
+    return isinstance(value, (tf.Variable, keras.Variable))
+
+
+def is_symbolic(value) -> bool:
+    return not tf.executing_eagerly() or not hasattr(value, "numpy")

@@ -28,3 +28,11 @@ def batch_gradients(model, loss_of_outputs, x) -> list:
     value = loss_of_outputs(model(x, training=False))
     grads = torch.autograd.grad(value, variables, allow_unused=True)
     return [None if g is None else g.detach().cpu().numpy() for g in grads]
+
+
+def is_variable(value) -> bool:
+    return isinstance(value, keras.Variable)
+
+
+def is_symbolic(value) -> bool:
+    return False

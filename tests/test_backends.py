@@ -1,0 +1,345 @@
+"""The Keras-level API on the active Keras backend: TensorFlow, JAX or PyTorch.
+
+`make test` runs this module (with the other `every_backend` modules) once per
+backend: under TensorFlow with the rest of the suite, then again with
+``KERAS_BACKEND=jax`` (and ``torch`` where PyTorch is installed). Everything
+here goes through ``keras.ops`` and ``model.fit``, so each backend's own
+trainer, optimizers and saving are what is tested.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+
+import refimpl
+from refimpl import selection
+
+pytestmark = pytest.mark.every_backend
+
+BACKEND = keras.backend.backend()
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=(32, 6)).astype("float32")
+Y = RNG.normal(size=(32, 4)).astype("float32")
+
+
+def numpy(value) -> np.ndarray:
+    return np.asarray(keras.ops.convert_to_numpy(value))
+
+
+def fit(model, x=X, y=Y, optimizer=None, epochs=2):
+    keras.utils.set_random_seed(0)
+    model.compile(optimizer or keras.optimizers.AdamW(0.05, weight_decay=0.1), "mse")
+    model.fit(x, y, batch_size=8, epochs=epochs, verbose=0, shuffle=False)
+    return model
+
+
+def dense_model(units=4, name="dense"):
+    keras.utils.set_random_seed(1)
+    return keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(units, name=name)], name="model"
+    )
+
+
+MASK = selection.random_mask((6, 4), fraction=0.25, seed=3)
+
+
+def test_the_backend_is_the_one_asked_for():
+    assert refimpl.backend.name == BACKEND == os.environ.get("KERAS_BACKEND", BACKEND)
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    ["adamw", "adafactor", "lion", "sgd_momentum", "ftrl"],
+)
+def test_partialize_trains_only_the_mask_under_fit(optimizer):
+    optimizers = {
+        "adamw": keras.optimizers.AdamW(0.05, weight_decay=0.1),
+        "adafactor": keras.optimizers.Adafactor(0.05),
+        "lion": keras.optimizers.Lion(0.01, weight_decay=0.1),
+        "sgd_momentum": keras.optimizers.SGD(0.05, momentum=0.9, weight_decay=0.1),
+        "ftrl": keras.optimizers.Ftrl(0.05, l2_regularization_strength=0.1),
+    }
+    model = refimpl.partialize(dense_model(), {"dense": MASK})
+    before = numpy(model.get_layer("dense").kernel)
+    fit(model, optimizer=optimizers[optimizer])
+    after = numpy(model.get_layer("dense").kernel)
+    refimpl.assert_frozen(before, after, MASK)
+    assert refimpl.moved(before, after)[MASK].all()
+    assert refimpl.count_free_parameters(model) == MASK.sum() + 4  # + the bias
+
+
+def test_every_supported_layer_converts_and_keeps_its_outputs():
+    keras.utils.set_random_seed(2)
+    inputs = keras.Input((8, 8, 3))
+    h = keras.layers.Conv2D(4, 3, name="conv")(inputs)
+    h = keras.layers.Flatten()(h)
+    h = keras.layers.Dense(5, name="dense")(h)
+    tokens = keras.Input((3,), dtype="int32")
+    e = keras.layers.Embedding(10, 5, name="embed")(tokens)
+    e = keras.layers.EinsumDense("btd,de->be", output_shape=5, name="einsum")(e)
+    model = keras.Model([inputs, tokens], keras.layers.Add()([h, e]))
+    x = [RNG.normal(size=(16, 8, 8, 3)).astype("float32"), RNG.integers(0, 10, (16, 3))]
+    y = RNG.normal(size=(16, 5)).astype("float32")
+    masks = {
+        name: selection.random_mask(tuple(w.shape), fraction=0.2, seed=i)
+        for i, (name, w) in enumerate(
+            (n, model.get_layer(n).weights[0])
+            for n in ("conv", "dense", "embed", "einsum")
+        )
+    }
+    converted = refimpl.partialize(model, masks)
+    np.testing.assert_array_equal(numpy(converted(x)), numpy(model(x)))
+
+    def composed(name):
+        layer = converted.get_layer(name)
+        return numpy(layer.embeddings if name == "embed" else layer.kernel)
+
+    before = {n: composed(n) for n in masks}
+    # Adam from a zero state: a frozen entry's update is 0 / (0 + eps) = 0.
+    fit(converted, x, y, optimizer=keras.optimizers.Adam(0.05))
+    for name, mask in masks.items():
+        after = numpy(converted.get_layer(name).base_weight)
+        refimpl.assert_frozen(before[name], after, mask)
+        assert refimpl.moved(before[name], composed(name))[mask].any(), name
+    merged = refimpl.merge(converted)
+    np.testing.assert_array_equal(numpy(merged(x)), numpy(converted(x)))
+
+
+def test_the_structured_layers_train_and_keep_their_structure():
+    grid = [["trainable", None], ["fixed", "trainable"]]
+    layers = {
+        "diagonal": refimpl.DiagonalDense(),
+        "band": refimpl.BandedDense(1, 1),
+        "block": refimpl.BlockDense(grid, row_sizes=[2, 4], col_sizes=[3, 3]),
+        "partial": refimpl.PartialDense(6, np.eye(6, dtype=bool), use_bias=False),
+    }
+    x = X
+    for name, layer in layers.items():
+        keras.utils.set_random_seed(4)
+        model = keras.Sequential([keras.Input((6,)), layer])
+        model.build((None, 6))
+        before = numpy(layer.kernel)
+        fit(model, x, x[:, ::-1].copy())
+        after = numpy(layer.kernel)
+        structure = {
+            "diagonal": np.eye(6, dtype=bool),
+            "band": selection.band_mask((6, 6), 1, 1),
+            "block": selection.block_mask((6, 6), [2, 4], [3, 3], [(0, 0), (1, 1)]),
+            "partial": np.eye(6, dtype=bool),
+        }[name]
+        refimpl.assert_frozen(before, after, structure)
+        assert refimpl.moved(before, after)[structure].any(), name
+        np.testing.assert_allclose(
+            numpy(model(x)), x @ after, rtol=1e-5, atol=1e-5, err_msg=name
+        )
+
+
+class Scaled(keras.layers.Layer):
+    """A custom layer whose kernel is a PartialVariable."""
+
+    def __init__(self, mask=None, **kwargs):
+        super().__init__(**kwargs)
+        self.mask = mask
+
+    def build(self, input_shape):
+        init = RNG.normal(size=(input_shape[-1], 4)).astype("float32")
+        self.w = refimpl.PartialVariable(init, self.mask, name="w")
+
+    def call(self, x):
+        return keras.ops.matmul(x, self.w.value())
+
+
+def test_a_partial_variable_inside_a_custom_layer_trains_under_fit():
+    layer = Scaled(MASK)
+    model = keras.Sequential([keras.Input((6,)), layer])
+    before = numpy(layer.w.value())
+    fit(model)
+    after = numpy(layer.w.value())
+    refimpl.assert_frozen(before, after, MASK)
+    assert refimpl.moved(before, after)[MASK].all()
+    assert refimpl.count_free_parameters(model) == MASK.sum()
+
+
+def test_freeze_entries_keeps_the_frozen_bits_under_adamw():
+    init = RNG.normal(size=(6, 4)).astype("float32")
+    layer = keras.layers.Dense(
+        4,
+        use_bias=False,
+        kernel_initializer=keras.initializers.Constant(init),
+        kernel_constraint=refimpl.FreezeEntries(init, MASK),
+    )
+    model = keras.Sequential([keras.Input((6,)), layer])
+    before = numpy(layer.kernel)
+    fit(model)
+    refimpl.assert_frozen(before, numpy(layer.kernel), MASK)
+
+
+@pytest.mark.parametrize("restore_frozen", [False, True])
+def test_masked_optimizer_under_fit(restore_frozen):
+    model = dense_model()
+    kernel = model.get_layer("dense").kernel
+    inner = (
+        keras.optimizers.AdamW(0.05, weight_decay=0.1)
+        if restore_frozen
+        else keras.optimizers.Adam(0.05)
+    )
+    optimizer = refimpl.MaskedOptimizer(
+        inner, [(kernel, MASK)], restore_frozen=restore_frozen
+    )
+    before = numpy(kernel)
+    fit(model, optimizer=optimizer)
+    refimpl.assert_frozen(before, numpy(kernel), MASK)
+    assert refimpl.moved(before, numpy(kernel))[MASK].all()
+    assert int(numpy(optimizer.iterations)) == 8
+
+
+def test_masked_optimizer_without_restore_lets_weight_decay_move_frozen_entries():
+    # The "restrict the update" caveat, on this backend's AdamW too.
+    model = dense_model()
+    kernel = model.get_layer("dense").kernel
+    optimizer = refimpl.MaskedOptimizer(
+        keras.optimizers.AdamW(0.05, weight_decay=0.1), [(kernel, MASK)]
+    )
+    before = numpy(kernel)
+    fit(model, optimizer=optimizer)
+    assert refimpl.moved(before, numpy(kernel))[~MASK].all()
+
+
+def test_apply_masked_gradients_in_a_custom_step():
+    w = keras.Variable(np.ones((2, 3), "float32"))
+    mask = np.array([[True, False, True], [False, True, False]])
+    grad = keras.ops.convert_to_tensor(np.full((2, 3), 2.0, "float32"))
+    refimpl.apply_masked_gradients(keras.optimizers.SGD(0.1), [(grad, w)], [(w, mask)])
+    np.testing.assert_array_equal(numpy(w), np.where(mask, 0.8, 1.0).astype("float32"))
+    [(masked, _)] = refimpl.mask_gradients([(grad, w)], [(w, mask)])
+    np.testing.assert_array_equal(numpy(masked), np.where(mask, 2.0, 0.0))
+
+
+def test_fisher_scores_are_squared_batch_gradients():
+    model = dense_model()
+    scores = selection.fisher_scores(model, X, Y, loss="mse", batch_size=8, batches=2)
+    kernel = numpy(model.get_layer("dense").kernel)
+    bias = numpy(model.get_layer("dense").bias)
+    expected = np.zeros_like(kernel, dtype=np.float64)
+    for start in (0, 8):
+        xb, yb = X[start : start + 8], Y[start : start + 8]
+        residual = xb @ kernel + bias - yb  # d mean((xW + b - y)^2) / dW
+        expected += np.square(xb.T @ residual * 2 / residual.size)
+    path = model.get_layer("dense").kernel.path
+    np.testing.assert_allclose(scores[path], expected, rtol=1e-4)
+    mask = selection.fisher_mask(scores[path], k=5)
+    assert mask.sum() == 5
+
+
+def test_structured_builders_and_products():
+    d = np.array([1.0, -2.0, 3.0], "float32")
+    np.testing.assert_array_equal(numpy(refimpl.diagonal(d)), np.diag(d))
+    diagonals, offsets = [d, np.float32([4.0, 5.0])], [0, -1]
+    dense = np.diag(d) + np.diag([4.0, 5.0], -1)
+    np.testing.assert_array_equal(numpy(refimpl.banded(diagonals, offsets)), dense)
+    x = RNG.normal(size=(5, 3)).astype("float32")
+    np.testing.assert_allclose(
+        numpy(refimpl.banded_matmul(x, diagonals, offsets)), x @ dense, rtol=1e-6
+    )
+    rows = [[None, np.eye(1, dtype="float32")], [np.ones((2, 1), "float32"), None]]
+    np.testing.assert_array_equal(
+        numpy(refimpl.block(rows)),
+        np.block([[np.zeros((1, 1)), 1], [np.ones((2, 1)), np.zeros((2, 1))]]),
+    )
+    np.testing.assert_allclose(
+        numpy(refimpl.block_matmul(x, rows)), x @ numpy(refimpl.block(rows)), rtol=1e-6
+    )
+
+
+def test_keras_round_trip_keeps_training_exactly(tmp_path):
+    model = refimpl.partialize(dense_model(), {"dense": MASK})
+    fit(model, epochs=1)
+    path = tmp_path / "model.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    for a, b in zip(model.weights, loaded.weights, strict=True):
+        np.testing.assert_array_equal(numpy(a), numpy(b))
+    before = numpy(loaded.get_layer("dense").kernel)
+    loaded.fit(X, Y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    refimpl.assert_frozen(before, numpy(loaded.get_layer("dense").kernel), MASK)
+
+
+# --- across backends: a .keras file saved under one loads under another --------
+
+_SAVE = """
+import keras, numpy as np, refimpl
+rng = np.random.default_rng(0)
+x = rng.normal(size=(32, 6)).astype("float32")
+y = rng.normal(size=(32, 4)).astype("float32")
+keras.utils.set_random_seed(1)
+model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, name="dense"),
+                          refimpl.DiagonalDense(name="diag")])
+mask = refimpl.selection.random_mask((6, 4), fraction=0.25, seed=3)
+model = refimpl.partialize(model, {"dense": mask})
+kernel = model.get_layer("dense").kernel
+model.compile(refimpl.MaskedOptimizer(keras.optimizers.AdamW(0.05, weight_decay=0.1),
+              [], restore_frozen=True), "mse")
+model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+model.save(PATH)
+np.savez(PATH + ".npz", *[keras.ops.convert_to_numpy(w) for w in model.weights])
+"""
+
+
+def _other_backend() -> str:
+    return "jax" if BACKEND != "jax" else "tensorflow"
+
+
+def _run_under(backend: str, code: str, path) -> None:
+    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    script = f"PATH = {str(path)!r}\n" + textwrap.dedent(code)
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_model_saved_under_another_backend_loads_and_trains_exactly_here(tmp_path):
+    path = tmp_path / "other.keras"
+    _run_under(_other_backend(), _SAVE, path)
+    saved = np.load(str(path) + ".npz")
+    loaded = keras.saving.load_model(path)
+    weights = [numpy(w) for w in loaded.weights]
+    assert len(weights) == len(saved.files)
+    for i, w in enumerate(weights):
+        np.testing.assert_array_equal(w, saved[f"arr_{i}"])
+    assert isinstance(loaded.optimizer, refimpl.MaskedOptimizer)
+    mask = selection.random_mask((6, 4), fraction=0.25, seed=3)
+    before = numpy(loaded.get_layer("dense").kernel)
+    loaded.fit(X, Y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    after = numpy(loaded.get_layer("dense").kernel)
+    refimpl.assert_frozen(before, after, mask)
+    assert refimpl.moved(before, after)[mask].all()
+
+
+@pytest.mark.tensorflow_only
+def test_tensorflow_level_code_says_which_backend_it_needs():
+    # Run under JAX in a subprocess: the clear error names the backend.
+    code = """
+    import refimpl
+    try:
+        refimpl.partially_trainable
+    except ImportError as err:
+        assert "KERAS_BACKEND=tensorflow" in str(err), err
+    else:
+        raise SystemExit("no ImportError")
+    try:
+        import refimpl.stop_gradient
+    except ImportError as err:
+        assert "TensorFlow backend" in str(err), err
+    else:
+        raise SystemExit("no ImportError")
+    """
+    _run_under("jax", code, "unused")
