@@ -196,12 +196,22 @@ def constraint_layer(init, mask, policy="float32"):
     )
 
 
-def partial_dense_layer(init, mask, policy="float32"):
+def partial_dense_layer(init, mask, policy="float32", *, mode="delta"):
     constant = keras.initializers.Constant(init)
     layer = refimpl.PartialDense(
-        init.shape[1], mask, use_bias=False, kernel_initializer=constant, dtype=policy
+        init.shape[1],
+        mask,
+        use_bias=False,
+        kernel_initializer=constant,
+        dtype=policy,
+        mode=mode,
     )
     return _built(layer, init.shape[0])
+
+
+def sparse_dense_layer(init, mask, policy="float32"):
+    """A :class:`refimpl.PartialDense` with ``mode="sparse"``: the sparse product."""
+    return partial_dense_layer(init, mask, policy, mode="sparse")
 
 
 def diagonal_dense_layer(init, mask, policy="float32"):
@@ -346,8 +356,20 @@ def bench_masked(*, restore_frozen: bool):
     return build
 
 
+def bench_frozen_product(name, n, rng, density, bandwidth) -> Variant:
+    """The floor of every form with a dense frozen base: ``x @ base`` alone.
+
+    One trainable scalar (added to the output) keeps the step a training step;
+    the time is that of the forward product (and, for a hidden layer, of the
+    input's gradient through it), the part no exact form can skip.
+    """
+    base = tf.constant(_matrix(n, rng))
+    shift = tf.Variable(0.0, name="shift")
+    return Variant(name, n, [shift], lambda x: x @ base + shift, 1)
+
+
 def bench_partial(mode: str):
-    """A :class:`refimpl.PartialVariable` in ``mode``."""
+    """A :class:`refimpl.PartialVariable` in ``mode``, multiplied by ``matmul``."""
 
     def build(name, n, rng, density, bandwidth) -> Variant:
         partial_variable_class = _lib("PartialVariable")
@@ -357,7 +379,7 @@ def bench_partial(mode: str):
             name,
             n,
             list(pv.trainable_variables),
-            lambda x: x @ pv.value(),
+            pv.matmul,
             int(mask.sum()),
             density,
             mode=str(pv.mode),

@@ -69,6 +69,9 @@ class Benchmark:
     #: the benchmark name of the naive TF idiom it replaces, timed beside it
     naive: str | None = None
     build_naive: Callable | None = dataclasses.field(default=None, repr=False)
+    #: the largest density it is timed at (a swept technique whose cost
+    #: outgrows the dense step's above it); None: every density of the run
+    max_density: float | None = None
 
     def __post_init__(self):
         if self.density not in _DENSITY_KINDS:
@@ -191,6 +194,21 @@ TECHNIQUES: tuple[Technique, ...] = (
     # sees them: under Adafactor its free entries turn NaN where a frozen row
     # meets a frozen column. Its frozen entries stay exact; it is measured for
     # speed only.
+    # The sparse product: the delta's weights, and y = x @ base + x @ S with S
+    # the sparse matrix of the free values' differences from the base; the
+    # matrix is never composed. Above 10% free its [k, batch] temporaries
+    # outgrow the kernel, so it is timed up to there.
+    Technique(
+        id="partial_sparse",
+        label="PartialVariable (sparse)",
+        family=REPARAMETRIZE,
+        exact=True,
+        setup=cases.layer_setup(cases.sparse_dense_layer),
+        fit=cases.fit_layer(cases.sparse_dense_layer),
+        benchmark=Benchmark(
+            cases.bench_partial("sparse"), "sparse delta", "swept", max_density=0.1
+        ),
+    ),
     Technique(
         id="partial_select",
         label="PartialVariable (select)",

@@ -21,6 +21,8 @@ from evidence.benchmarks import report, run, variants
 # The benchmarked techniques that train one full variable.
 RESTRICT = [t.id for t in registry.select(family=registry.RESTRICT) if t.benchmark]
 PLOTS = ("optimizer_state", "ratio_vs_density", "ratio_vs_n")
+# Drawn by a full run only: its hidden-layer, crossover, scaling and memory runs.
+EXTRA_PLOTS = ("crossover", "hidden", "memory", "scaling")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -139,7 +141,7 @@ def test_quick_run_draws_every_plot_as_a_non_empty_png(quick_run, quick_rows):
         assert width > 100 and height > 100, (name, width, height)
 
 
-@pytest.mark.parametrize("plot", PLOTS)
+@pytest.mark.parametrize("plot", PLOTS + EXTRA_PLOTS)
 def test_the_committed_plots_are_non_empty_pngs(plot):
     width, height = _png_size(run.RESULTS / f"cpu_{plot}.png")
     assert width > 100 and height > 100
@@ -173,8 +175,48 @@ def test_variants_are_techniques_of_the_registry_or_comparisons():
     for name in variants.ALL:
         technique = variants.technique(name)
         if technique is None:
-            assert name == variants.BASELINE or name.endswith("_naive")
+            assert name in (variants.BASELINE, variants.FLOOR) or name.endswith(
+                "_naive"
+            )
         else:
             assert technique is registry.get(name) and technique.benchmark
     with pytest.raises(ValueError, match="PartialVariable"):
         variants.build("PartialVariable (delta)", 8, np.random.default_rng(0))
+
+
+def test_max_density_limits_the_sparse_product_only():
+    cases = list(run.cases(["partial_sparse", "partial_delta"], [0.01, 0.1, 0.5]))
+    assert ("partial_sparse", 0.5) not in cases and ("partial_sparse", 0.1) in cases
+    assert ("partial_delta", 0.5) in cases
+
+
+def test_hidden_step_also_takes_the_input_gradient():
+    rng = np.random.default_rng(0)
+    variant = variants.build("partial_sparse", 8, rng, density=0.1)
+    optimizer = keras.optimizers.Adam(1e-3)
+    optimizer.build(variant.params)
+    step = variants.make_step(variant, optimizer, jit=False, hidden=True)
+    graph = step.get_concrete_function(tf.zeros((4, 8)), tf.zeros((4, 8))).graph
+    first = variants.make_step(variant, optimizer, jit=False)
+    fewer = first.get_concrete_function(tf.zeros((4, 8)), tf.zeros((4, 8))).graph
+    assert len(graph.get_operations()) > len(fewer.get_operations())
+
+
+def test_slopes_of_the_committed_scaling_run_follow_the_stated_asymptotics():
+    rows = report.read_csv(run.RESULTS / "cpu.csv")
+    rows += report.read_csv(run.RESULTS / "cpu_scaling.csv")
+    fitted = report.slopes(rows, report.SCALING_CASES)
+    assert fitted[("dense_adam", None)]["time"] > 1.5  # O(n^2) at batch 64
+    for variant in ("diag_refimpl", "band_refimpl"):
+        assert fitted[(variant, None)]["time"] < 1.5  # O(n), O(n b)
+    assert set(fitted[("dense_adam", None)]["sizes"]) >= {1024, 4096, 8192}
+
+
+def test_the_committed_memory_table_has_a_row_per_variant():
+    from evidence.benchmarks import memory
+
+    rows = memory.read_csv(run.RESULTS / "cpu_memory.csv")
+    assert {r["variant"] for r in rows} == set(variants.ALL)
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert r["peak_mb"] >= r["resident_mb"] > 0

@@ -298,3 +298,178 @@ def save_plots(rows, outdir, device: str) -> list[pathlib.Path]:
     ax.figure.savefig(written[-1], dpi=90)
     plt.close(ax.figure)
     return written
+
+
+# --- scaling, crossover and memory (the extra runs of a full benchmark) ---------
+
+
+def fit_slope(x, y) -> float:
+    """The least-squares slope of ``log y`` against ``log x``.
+
+    >>> round(fit_slope([1, 2, 4], [3, 12, 48]), 6)
+    2.0
+    """
+    import numpy as np
+
+    x, y = np.log(np.asarray(x, float)), np.log(np.asarray(y, float))
+    if len(x) < 2:
+        raise ValueError(f"A slope needs two points or more. Received: {len(x)}")
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def scaling_series(rows, variant, *, density=None, min_n=1024, column="median_ms"):
+    """``(n, column)`` of one variant without XLA, for n >= ``min_n``, sorted."""
+    pts = sorted(
+        (r["n"], r[column])
+        for r in select(rows, variant=variant, jit=False, status="ok")
+        if r["n"] >= min_n and (density is None or r["density"] == density)
+    )
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def slopes(rows, cases, *, min_n=1024) -> dict:
+    """Fitted log-log slopes against n of step time and of the ratio to dense.
+
+    ``cases`` is a list of ``(variant, density)``; the result maps each to
+    ``{"time": slope, "ratio": slope, "sizes": [n, ...]}``.
+    """
+    out = {}
+    for variant, density in cases:
+        n, ms = scaling_series(rows, variant, density=density, min_n=min_n)
+        _, ratio = scaling_series(
+            rows, variant, density=density, min_n=min_n, column="ratio_to_dense"
+        )
+        out[(variant, density)] = {
+            "time": fit_slope(n, ms),
+            "ratio": fit_slope(n, ratio),
+            "sizes": n,
+        }
+    return out
+
+
+#: The forms of the scaling plot: (variant, density), and what the chapter
+#: says their cost grows as.
+SCALING_CASES = (
+    ("dense_adam", None),
+    ("frozen_product", None),
+    ("diag_refimpl", None),
+    ("band_refimpl", None),
+    ("block_refimpl", None),
+    ("partial_sparse", 0.001),
+    ("partial_delta", 0.001),
+)
+
+
+def plot_scaling(rows, cases=SCALING_CASES, *, min_n=1024, ax=None):
+    """Step time against n without XLA, log-log, with the fitted slopes."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 4))
+    fitted = slopes(rows, cases, min_n=min_n)
+    for (variant, density), fit in fitted.items():
+        n, ms = scaling_series(rows, variant, density=density, min_n=0)
+        label = variant if density is None else f"{variant} {density:g}"
+        ax.loglog(n, ms, marker="o", label=f"{label}: slope {fit['time']:.2f}")
+    ax.set_xscale("log", base=2)
+    _plain_log_ticks(ax.xaxis, sorted({r["n"] for r in rows}))
+    ax.set_xlabel("n (weight is n x n, batch 64)")
+    ax.set_ylabel("ms per training step")
+    ax.set_title(f"tf.function; slopes fitted for n >= {min_n}", fontsize=10)
+    ax.legend(fontsize=7)
+    return ax
+
+
+def plot_memory(memory_rows, *, ax=None):
+    """Peak memory of one step's temporaries per variant, beside Adam's state."""
+    import matplotlib.pyplot as plt
+
+    picked = [r for r in memory_rows if r["status"] == "ok"]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7.5, 0.3 * len(picked) + 1.2))
+    names = [
+        r["variant"] + ("" if r["density"] is None else f" {r['density']:g}")
+        for r in picked
+    ]
+    y = range(len(picked))
+    ax.barh(y, [r["step_mb"] for r in picked], label="step temporaries (MiB)")
+    ax.scatter(
+        [r["optimizer_state_values"] * 4 / 2**20 for r in picked],
+        y,
+        color="black",
+        marker="|",
+        s=200,
+        zorder=3,
+        label="Adam state (MiB)",
+    )
+    n2 = picked[0]["n2_mb"] if picked else 0
+    ax.axvline(n2, color="grey", linestyle=":", label="one n x n float32")
+    ax.set_yticks(list(y), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlabel(f"MiB (n = {picked[0]['n'] if picked else '?'}, one process each)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return ax
+
+
+def save_extra_plots(rows, extra, outdir, device: str) -> list[pathlib.Path]:
+    """The plots of the extra runs: scaling, crossover, hidden layer, memory.
+
+    ``extra`` maps ``"scaling"``, ``"crossover"``, ``"hidden"`` and
+    ``"memory"`` to their rows (any may be missing).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    outdir = pathlib.Path(outdir)
+    written = []
+    top = max(r["n"] for r in rows)
+    partial = ("partial_sparse", "partial_delta", "partial_select", "partial_auto")
+    if "scaling" in extra:
+        ax = plot_scaling(rows + extra["scaling"])
+        written.append(outdir / f"{device}_scaling.png")
+        ax.figure.tight_layout()
+        ax.figure.savefig(written[-1], dpi=90)
+        plt.close(ax.figure)
+    for name in ("crossover", "hidden"):
+        if name not in extra:
+            continue
+        table = extra[name] + (rows if name == "crossover" else [])
+        jits = sorted({r["jit"] for r in table})
+        fig, axes = plt.subplots(1, len(jits), figsize=(5.5 * len(jits), 3.8))
+        for i, jit in enumerate(jits):
+            ax = axes[i] if len(jits) > 1 else axes
+            plot_ratio_vs_density(table, partial, n=top, jit=jit, ax=ax)
+            if name == "hidden":
+                ax.set_title(f"hidden layer, {ax.get_title()}", fontsize=10)
+        fig.tight_layout()
+        written.append(outdir / f"{device}_{name}.png")
+        fig.savefig(written[-1], dpi=90)
+        plt.close(fig)
+    if "memory" in extra:
+        ax = plot_memory(extra["memory"])
+        ax.figure.tight_layout()
+        written.append(outdir / f"{device}_memory.png")
+        ax.figure.savefig(written[-1], dpi=90)
+        plt.close(ax.figure)
+    return written
+
+
+def plots_from_results(outdir, device: str) -> list[pathlib.Path]:
+    """Draw every plot again from the CSVs in ``outdir`` (no measuring)."""
+    from evidence.benchmarks import memory
+
+    outdir = pathlib.Path(outdir)
+    rows = read_csv(outdir / f"{device}.csv")
+    extra = {}
+    for name in ("scaling", "crossover", "hidden"):
+        path = outdir / f"{device}_{name}.csv"
+        if path.exists():
+            extra[name] = read_csv(path)
+    if (outdir / f"{device}_memory.csv").exists():
+        extra["memory"] = memory.read_csv(outdir / f"{device}_memory.csv")
+    return save_plots(rows, outdir, device) + save_extra_plots(
+        rows, extra, outdir, device
+    )

@@ -13,7 +13,22 @@ update, inside ``tf.function`` and again with ``jit_compile=True``, for a batch
 of 64 and a weight of n x n. For every size and setting, all variants are
 built, warmed up, then timed in interleaved rounds; ratios are taken against
 the dense step of the same round. A variant that cannot run (XLA cannot
-compile it, say) gets a row that says why, with blank timings.
+compile it, say) gets a row that says why, with blank timings. One timing
+sample lasts at least 1 s at the largest n (0.2 s below it), and there are 7
+rounds.
+
+Besides ``<device>.csv`` (the layer as a first layer: no input gradient), a
+full run writes, at the largest n unless said otherwise:
+
+* ``<device>_hidden.csv``: the same step for a hidden layer (the input's
+  gradient is computed too), with and without XLA;
+* ``<device>_crossover.csv``: more densities around the switches of the
+  automatic choice, with and without XLA;
+* ``<device>_scaling.csv``: the forms whose cost should fall with n, at
+  :data:`SCALING_SIZES` (beyond the main sizes), without XLA;
+* ``<device>_bandwidth.csv``: the band's width;
+* ``<device>_memory.csv``: the peak resident memory of one training step
+  per variant, each in its own process (:mod:`evidence.benchmarks.memory`).
 """
 
 from __future__ import annotations
@@ -31,14 +46,22 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from evidence.benchmarks import report, timing, variants  # noqa: E402
+from evidence.benchmarks import memory, report, timing, variants  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 BATCH = 64
 # Second, smaller sweeps at the largest n (tf.function only): the band's width,
 # and the densities around the switch from a sparse delta to a select.
 BAND_SWEEP = (3, 9, 33, 129)
-CROSSOVER_SWEEP = (0.03, 0.1, 0.15, 0.2, 0.3)
+CROSSOVER_SWEEP = (0.003, 0.03, 0.2, 0.3)
+#: The partial forms whose choice the crossover sweep and the hidden layer test.
+PARTIAL = ("partial_sparse", "partial_delta", "partial_select", "partial_auto")
+#: The hidden-layer run: the floor, the partial forms and the structured ones.
+HIDDEN = (variants.FLOOR, *PARTIAL, "diag_refimpl", "band_refimpl", "block_refimpl")
+#: Sizes beyond the main run for the scaling plot, and what is timed there.
+SCALING_SIZES = (8192,)
+SCALING = (variants.FLOOR, "diag_refimpl", "band_refimpl", "block_refimpl")
+SCALING_PARTIAL = (("partial_sparse", 0.001), ("partial_delta", 0.001))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -55,7 +78,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--densities", type=float, nargs="+", help="mask densities")
     p.add_argument("--repeats", type=int, help="interleaved rounds")
-    p.add_argument("--target-ms", type=float, help="length of one timing sample")
+    p.add_argument(
+        "--target-ms",
+        type=float,
+        help="length of one timing sample at the largest n (below it: a fifth)",
+    )
     p.add_argument(
         "--variants",
         nargs="+",
@@ -70,6 +97,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="also sweep band widths and densities near the switch, at the largest n",
     )
+    p.add_argument(
+        "--extras",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also the hidden-layer, scaling and memory runs",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--verbose", action="store_true", help="time each warm-up")
     args = p.parse_args(argv)
@@ -80,12 +113,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         [0.01, 0.5] if quick else list(variants.DENSITIES)
     )
     args.repeats = args.repeats or (3 if quick else 7)
-    args.target_ms = args.target_ms or (2.0 if quick else 100.0)
+    args.target_ms = args.target_ms or (2.0 if quick else 1000.0)
     args.variants = args.variants or list(variants.ALL)
     if variants.BASELINE not in args.variants:
         args.variants.insert(0, variants.BASELINE)
     if args.sweeps is None:
         args.sweeps = not quick
+    if args.extras is None:
+        args.extras = not quick
     return args
 
 
@@ -93,16 +128,29 @@ def cases(names, densities):
     """(variant, density) pairs in report order; density None where unused."""
     for name in names:
         if name in variants.SWEPT:
+            top = variants.max_density(name)
             for d in densities:
-                yield name, d
+                if top is None or d <= top:
+                    yield name, d
         elif name in variants.FIXED:
             yield name, variants.MASK_DENSITY
         else:
             yield name, None
 
 
-def measure(case_list, n, jit, args, common, *, bandwidth=variants.BANDWIDTH):
+def measure(
+    case_list,
+    n,
+    jit,
+    args,
+    common,
+    *,
+    bandwidth=variants.BANDWIDTH,
+    hidden=False,
+    target_ms=None,
+):
     """Build, warm up and time the cases at one n and jit setting; return rows."""
+    target_ms = target_ms or args.target_ms
     rng = np.random.default_rng(args.seed + n)
     x = tf.constant(rng.standard_normal((BATCH, n)).astype("float32"))
     y = tf.constant(rng.standard_normal((BATCH, n)).astype("float32"))
@@ -126,9 +174,9 @@ def measure(case_list, n, jit, args, common, *, bandwidth=variants.BANDWIDTH):
         optimizer = keras.optimizers.Adam(learning_rate=1e-3)
         optimizer.build(variant.params)
         row["optimizer_state_values"] = variants.optimizer_state_values(optimizer)
-        step = variants.make_step(variant, optimizer, jit=jit)
+        step = variants.make_step(variant, optimizer, jit=jit, hidden=hidden)
         try:
-            counts[key] = timing.warm_up(step, x, y, target_s=args.target_ms / 1e3)
+            counts[key] = timing.warm_up(step, x, y, target_s=target_ms / 1e3)
         except Exception as e:  # noqa: BLE001 - any failure is a finding
             row["status"] = timing.short_error(e)
             continue
@@ -158,33 +206,80 @@ def main(argv=None) -> int:
     print(f"{machine}, TensorFlow {tf.__version__}: {len(case_list)} variants")
     start = time.perf_counter()
     rows = []
+    top = max(args.sizes)
+
+    def target(n):
+        return args.target_ms if n >= top else args.target_ms / 5
+
     for jit in (False, True):
         for n in args.jit_sizes if jit else args.sizes:
-            rows += measure(case_list, n, jit, args, common)
+            rows += measure(case_list, n, jit, args, common, target_ms=target(n))
             done = time.perf_counter() - start
             print(f"  jit={jit!s:5} n={n:5}: done at {done:6.1f} s", flush=True)
     report.write_csv(rows, out_csv)
     written = [out_csv]
+    extra = {}
+    if args.extras:
+        densities = [d for d in args.densities if d < 0.5]
+        hidden = [(v, d, None) for v, d in cases(HIDDEN, densities)]
+        extra["hidden"] = [
+            row
+            for jit in (False, True)
+            for row in measure(
+                [(variants.BASELINE, None, None), *hidden],
+                top,
+                jit,
+                args,
+                common,
+                hidden=True,
+            )
+        ]
+        scaling = [(v, None, None) for v in SCALING]
+        scaling += [(v, d, None) for v, d in SCALING_PARTIAL]
+        extra["scaling"] = [
+            row
+            for n in SCALING_SIZES
+            for row in measure(
+                [(variants.BASELINE, None, None), *scaling], n, False, args, common
+            )
+        ]
+        for name in ("hidden", "scaling"):
+            written.append(args.out / f"{device}{suffix}_{name}.csv")
+            report.write_csv(extra[name], written[-1])
+            print(f"  {name}: done at {time.perf_counter() - start:6.1f} s")
     if args.sweeps:
-        n = max(args.sizes)
+        n = top
         widths = [b for b in BAND_SWEEP if b // 2 < n]
         band = [(v, None, b) for b in widths for v in ("band_naive", "band_refimpl")]
-        cross = [
-            (v, d, None)
-            for d in CROSSOVER_SWEEP
-            for v in ("partial_delta", "partial_select")
-        ]
-        for name, sweep in (("bandwidth", band), ("crossover", cross)):
-            sweep_rows = measure(
-                [(variants.BASELINE, None, None), *sweep], n, False, args, common
-            )
+        cross = [(v, d, None) for v, d in cases(PARTIAL, CROSSOVER_SWEEP)]
+        for name, sweep, jits in (
+            ("bandwidth", band, (False,)),
+            ("crossover", cross, (False, True)),
+        ):
+            sweep_rows = [
+                row
+                for jit in jits
+                for row in measure(
+                    [(variants.BASELINE, None, None), *sweep], n, jit, args, common
+                )
+            ]
+            extra[name] = sweep_rows
             written.append(args.out / f"{device}{suffix}_{name}.csv")
             report.write_csv(sweep_rows, written[-1])
             print(
                 f"  {name} sweep at n={n}: done at {time.perf_counter() - start:6.1f} s"
             )
+    if args.extras:
+        memory_rows = memory.measure_all(
+            top, args.densities, names=args.variants, verbose=args.verbose
+        )
+        written.append(args.out / f"{device}{suffix}_memory.csv")
+        memory.write_csv(memory_rows, written[-1])
+        extra["memory"] = memory_rows
+        print(f"  memory: done at {time.perf_counter() - start:6.1f} s")
     if not args.no_plots:
         written += report.save_plots(rows, args.out, device + suffix)
+        written += report.save_extra_plots(rows, extra, args.out, device + suffix)
     print(f"wrote in {time.perf_counter() - start:.0f} s:")
     for path in written:
         print(f"  {path}")

@@ -8,10 +8,11 @@ the update; :func:`make_step` wraps them into the same step for all.
 The variants are the techniques of :mod:`evidence.registry` that have a
 ``benchmark`` (named by their id), the naive TF idiom each structured one
 replaces (``diag(w) @``, ``band_part`` on a full variable, ``concat`` of
-blocks: named in the technique's record), and the dense baseline. These are
-comparisons, not techniques. A variant whose ``refimpl`` function is not
-available is reported as such (:class:`Unavailable`) rather than
-re-implemented.
+blocks: named in the technique's record), the dense baseline, and the floor
+of every form that keeps a dense frozen base (``frozen_product``: the forward
+product ``x @ base`` alone). These are comparisons, not techniques. A
+variant whose ``refimpl`` function is not available is reported as such
+(:class:`Unavailable`) rather than re-implemented.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "BASELINE",
     "DENSITIES",
     "FIXED",
+    "FLOOR",
     "GROUPS",
     "MASK_DENSITY",
     "SWEPT",
@@ -51,11 +53,16 @@ MASK_DENSITY = 0.01
 BANDWIDTH = 3
 #: The dense step every ratio is taken against: all n x n entries train.
 BASELINE = "dense_adam"
+#: The forward product with a frozen dense base, and nothing else to train.
+FLOOR = "frozen_product"
 
 
 def _catalogue() -> dict:
     """Variant name -> (builder, the benchmark record it belongs to, technique)."""
-    found = {BASELINE: (_cases.bench_dense, None, None)}
+    found = {
+        BASELINE: (_cases.bench_dense, None, None),
+        FLOOR: (_cases.bench_frozen_product, None, None),
+    }
     for t in registry.TECHNIQUES:
         spec = t.benchmark
         if spec is None:
@@ -140,13 +147,35 @@ def optimizer_state_values(optimizer) -> int:
     return refimpl.count_optimizer_state(optimizer)
 
 
-def make_step(variant: Variant, optimizer, *, jit: bool):
-    """The training step of ``variant``: forward, loss, gradient, update."""
+def max_density(name: str) -> float | None:
+    """The largest density variant ``name`` is timed at; None: no limit.
+
+    >>> max_density("partial_sparse")
+    0.1
+    """
+    _check(name)
+    spec = _CATALOGUE[name][1]
+    return None if spec is None else spec.max_density
+
+
+def make_step(variant: Variant, optimizer, *, jit: bool, hidden: bool = False):
+    """The training step of ``variant``: forward, loss, gradient, update.
+
+    With ``hidden=True`` the step also computes the gradient with respect to
+    the input ``x``, as the layer would need inside a network (a hidden
+    layer); its sum joins the returned loss so that nothing prunes it.
+    """
 
     def step(x, y):
         with tf.GradientTape() as tape:
+            if hidden:
+                tape.watch(x)
             loss = tf.reduce_mean(tf.square(variant.forward(x) - y))
-        grads = tape.gradient(loss, variant.params)
+        sources = list(variant.params) + ([x] if hidden else [])
+        grads = tape.gradient(loss, sources)
+        if hidden:
+            grads, dx = grads[:-1], grads[-1]
+            loss = loss + 1e-30 * tf.reduce_sum(dx)
         if variant.update is None:
             optimizer.apply_gradients(zip(grads, variant.params))
         else:
