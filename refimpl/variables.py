@@ -311,6 +311,7 @@ class PartialVariable(keras.layers.Layer):
             num_free = len(flat)
         self.mode = mode
         self.auto = bool(auto)
+        self._mask_cache = None
         self._shape = shape
         self._num_free = num_free
         self._loaded = value is not None
@@ -447,12 +448,31 @@ class PartialVariable(keras.layers.Layer):
         )
 
     def _select_mask(self):
-        # Built from the positions at every call, in the graph: a mask
-        # captured once would go stale when the weights are reloaded.
+        # The mask of the positions the weights hold when the step is traced,
+        # as a constant, and a check in every step that they still hold them
+        # (O(k)); only if they do not (weights reloaded into a traced step)
+        # is the mask scattered again from the positions, in the graph. A
+        # scatter of k entries into n² costs more than the rest of the select.
+        positions = self.positions.value
+        known = _read_now(self.positions)
+        if self._mask_cache is None or not np.array_equal(self._mask_cache[0], known):
+            mask = np.zeros(int(np.prod(self._shape)), bool)
+            mask[known] = True
+            self._mask_cache = (known, mask.reshape(self._shape))
+        known, mask = self._mask_cache
+        same = keras.ops.all(
+            keras.ops.equal(positions, keras.ops.convert_to_tensor(known))
+        )
+        return keras.ops.cond(
+            same,
+            lambda: backend.bool_constant(mask),
+            lambda: self._scattered_mask(positions),
+        )
+
+    def _scattered_mask(self, positions):
         size = int(np.prod(self._shape))
         ones = keras.ops.ones((self._num_free,), "int32")
-        positions = keras.ops.expand_dims(self.positions.value, -1)
-        flat = keras.ops.scatter(positions, ones, (size,))
+        flat = keras.ops.scatter(keras.ops.expand_dims(positions, -1), ones, (size,))
         return keras.ops.reshape(keras.ops.greater(flat, 0), self._shape)
 
     def _check_loaded(self) -> None:
