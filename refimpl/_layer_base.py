@@ -107,9 +107,9 @@ class StructuredDense(keras.layers.Layer):
             name=self.name,
         )
         dense.build((None, kernel.shape[0]))
-        dense.kernel.assign(kernel)
+        dense.kernel.assign(_copy(kernel))
         if self.use_bias:
-            dense.bias.assign(self.bias)
+            dense.bias.assign(_copy(self.bias))
         return dense
 
     def compute_output_shape(self, input_shape):
@@ -173,7 +173,13 @@ def check_outside(kernel: np.ndarray, keep: np.ndarray, project: bool, what: str
 
 def copy_bias(layer, dense) -> None:
     if dense.use_bias:
-        layer.bias.assign(dense.bias)
+        layer.bias.assign(_copy(dense.bias))
+
+
+def _copy(value) -> np.ndarray:
+    # A copy, never the other variable's buffer: JAX's trainer donates a
+    # model's buffers to its jitted step, which would free the shared one.
+    return np.array(keras.ops.convert_to_numpy(value))
 
 
 def input_dim(input_shape) -> int:

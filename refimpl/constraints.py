@@ -57,7 +57,7 @@ class FreezeEntries(keras.constraints.Constraint, KerasSaveable):
     >>> freeze = FreezeEntries(w.numpy(), [[True, False], [False, True]])
     >>> _ = w.assign(w - 0.5)  # an optimizer step moves every entry
     >>> _ = w.assign(freeze(w))  # what Keras does after each update
-    >>> w.numpy()
+    >>> keras.ops.convert_to_numpy(w)
     array([[0.5, 2. ],
            [3. , 3.5]], dtype=float32)
     """

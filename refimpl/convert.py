@@ -189,7 +189,7 @@ def _clone(model, replace=lambda layer: None):
     for layer in copy.layers:
         source = originals.get(id(layer))
         if source is not None:
-            layer.set_weights(source.get_weights())
+            layer.set_weights([np.array(w) for w in source.get_weights()])
     return copy
 
 

@@ -62,7 +62,7 @@ class DiagonalDense(StructuredDense):
         **kwargs: base ``Layer`` arguments (``name``, ``dtype``, ...).
 
     >>> layer = DiagonalDense()
-    >>> layer(np.ones((1, 3), "float32")).numpy()
+    >>> keras.ops.convert_to_numpy(layer(np.ones((1, 3), "float32")))
     array([[1., 1., 1.]], dtype=float32)
     >>> layer.count_params()
     3

@@ -230,10 +230,10 @@ class _PartialMixin:
                 continue
             if variable is self._partial_base():
                 value = self._partial_value(keras.ops.convert_to_tensor(variable))
-                weights.append(keras.ops.convert_to_numpy(value))
+                weights.append(np.array(keras.ops.convert_to_numpy(value)))
             else:
-                weights.append(keras.ops.convert_to_numpy(variable))
-        plain.set_weights(weights)
+                weights.append(np.array(keras.ops.convert_to_numpy(variable)))
+        plain.set_weights(weights)  # copies: see _layer_base._copy
         plain.trainable = self.trainable
         return plain
 

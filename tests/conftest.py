@@ -10,7 +10,6 @@ settings.register_profile("thorough", max_examples=500, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 import keras  # noqa: E402
-import pytest  # noqa: E402
 
 BACKEND = keras.backend.backend()
 
@@ -26,14 +25,3 @@ elif BACKEND == "jax":
 
     # The same for JAX on a GPU: full float32 products.
     jax.config.update("jax_default_matmul_precision", "highest")
-
-
-def pytest_collection_modifyitems(config, items):
-    # Under JAX or PyTorch only the Keras-level tests run: the modules marked
-    # `every_backend` (pytestmark), less their `tensorflow_only` tests.
-    if BACKEND == "tensorflow":
-        return
-    skip = pytest.mark.skip(reason=f"TensorFlow-level; Keras runs on {BACKEND}")
-    for item in items:
-        if "every_backend" not in item.keywords or "tensorflow_only" in item.keywords:
-            item.add_marker(skip)

@@ -20,6 +20,8 @@ import pytest
 
 import refimpl
 
+pytestmark = pytest.mark.every_backend
+
 MAX_NUMBERS = 16  # no list in a config may hold more numbers than this
 MAX_CONFIG_BYTES = 64 * 1024
 

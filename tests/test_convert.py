@@ -16,6 +16,8 @@ import pytest
 import refimpl
 from refimpl import BandedDense, BlockDense, DiagonalDense, PartialDense
 
+pytestmark = pytest.mark.every_backend
+
 N = 6
 EYE3 = np.eye(3)
 SEED_BLOCKS = [[None, -0.2 * EYE3], [0.35 * EYE3, "trainable"]]

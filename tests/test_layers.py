@@ -3,7 +3,6 @@ import inspect
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -18,6 +17,11 @@ from refimpl import (
     count_free_parameters,
     moved,
 )
+
+pytestmark = pytest.mark.every_backend
+
+if keras.backend.backend() == "tensorflow":
+    import tensorflow as tf  # the tests marked tensorflow_only
 
 EYE3 = np.eye(3)
 SEED_BLOCKS = [[None, -0.2 * EYE3], [0.35 * EYE3, "trainable"]]
@@ -105,7 +109,7 @@ def test_layer_trains_saves_loads_and_trains_again_with_frozen_entries_bit_exact
     model = _model(layer, n)
     x = _data(n)
     y = _targets(model, n)
-    start = layer.kernel.numpy()
+    start = keras.ops.convert_to_numpy(layer.kernel)
     mask = layer.trainable_mask
     model.fit(x, y, epochs=3, batch_size=8, verbose=0)
     assert_frozen(start, layer.kernel, mask)
@@ -121,7 +125,7 @@ def test_layer_trains_saves_loads_and_trains_again_with_frozen_entries_bit_exact
     reloaded_layer = loaded.layers[0]
     assert type(reloaded_layer) is type(layer)
     np.testing.assert_array_equal(reloaded_layer.trainable_mask, mask)
-    before_second = reloaded_layer.kernel.numpy()
+    before_second = keras.ops.convert_to_numpy(reloaded_layer.kernel)
     loaded.fit(x, y, epochs=2, batch_size=8, verbose=0)
     assert (moved(before_second, reloaded_layer.kernel) & mask).any()
     assert_frozen(start, reloaded_layer.kernel, mask)
@@ -146,7 +150,7 @@ def test_no_change_to_the_trainable_weights_moves_a_frozen_kernel_entry(name):
     factory, n, _, _ = LAYERS[name]
     layer = factory()
     layer.build((None, n))
-    start = layer.kernel.numpy()
+    start = keras.ops.convert_to_numpy(layer.kernel)
     rng = np.random.default_rng(0)
     for weight in layer.trainable_weights:
         weight.assign(weight + rng.uniform(1.0, 2.0, size=weight.shape))
@@ -176,8 +180,8 @@ def test_call_equals_x_times_the_dense_kernel(name):
     layer = factory()
     x = _data(n)
     y = layer(x)
-    bias = layer.bias.numpy() if layer.use_bias else 0.0
-    expected = x @ layer.kernel.numpy() + bias
+    bias = keras.ops.convert_to_numpy(layer.bias) if layer.use_bias else 0.0
+    expected = x @ keras.ops.convert_to_numpy(layer.kernel) + bias
     if isinstance(layer, PartialDense) and layer.activation is keras.activations.tanh:
         expected = np.tanh(expected)
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
@@ -202,6 +206,7 @@ def test_from_config_round_trip_gives_the_same_layer(name):
     np.testing.assert_array_equal(clone(x), layer(x))
 
 
+@pytest.mark.tensorflow_only
 @pytest.mark.parametrize("name", _names())
 def test_checkpoint_round_trip_restores_the_kernel(name, tmp_path):
     factory, n, _, _ = LAYERS[name]
@@ -213,6 +218,7 @@ def test_checkpoint_round_trip_restores_the_kernel(name, tmp_path):
     np.testing.assert_array_equal(fresh.layers[0].kernel, model.layers[0].kernel)
 
 
+@pytest.mark.tensorflow_only
 @pytest.mark.slow  # XLA compiles per layer: make test runs it, make check does not
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_layer_trains_under_jit_compile_and_mixed_float16(name, mixed_precision):
@@ -220,7 +226,7 @@ def test_layer_trains_under_jit_compile_and_mixed_float16(name, mixed_precision)
     layer = factory()
     model = _model(layer, n, jit=True)
     x = _data(n)
-    start = layer.kernel.numpy()
+    start = keras.ops.convert_to_numpy(layer.kernel)
     model.fit(x, _targets(model, n), epochs=2, batch_size=8, verbose=0)
     assert layer.kernel.dtype == tf.float32
     assert model(x).dtype == tf.float16
@@ -231,7 +237,7 @@ def test_layer_trains_under_jit_compile_and_mixed_float16(name, mixed_precision)
 def test_block_dense_reproduces_the_fixed_blocks_exactly():
     layer = BlockDense(SEED_BLOCKS)
     layer.build((None, 6))
-    kernel = layer.kernel.numpy()
+    kernel = keras.ops.convert_to_numpy(layer.kernel)
     np.testing.assert_array_equal(kernel[:3, :3], np.zeros((3, 3), "float32"))
     np.testing.assert_array_equal(kernel[:3, 3:], np.float32(-0.2) * np.eye(3))
     np.testing.assert_array_equal(kernel[3:, :3], np.float32(0.35) * np.eye(3))
@@ -240,11 +246,12 @@ def test_block_dense_reproduces_the_fixed_blocks_exactly():
     np.testing.assert_array_equal(layer.trainable_mask, expected_mask)
 
 
+@pytest.mark.tensorflow_only
 def test_banded_dense_is_zero_outside_the_band_with_the_fixed_diagonal():
     layer = BandedDense(1, 1, fixed_diagonal=[1.0, 2.0, 3.0, 4.0])
     layer.build((None, 4))
     layer.off_diagonals.assign(np.arange(1, 7, dtype="float32"))
-    kernel = layer.kernel.numpy()
+    kernel = keras.ops.convert_to_numpy(layer.kernel)
     np.testing.assert_array_equal(np.diag(kernel), [1.0, 2.0, 3.0, 4.0])
     np.testing.assert_array_equal(np.diag(kernel, -1), [1.0, 2.0, 3.0])
     np.testing.assert_array_equal(np.diag(kernel, 1), [4.0, 5.0, 6.0])
@@ -286,7 +293,7 @@ def test_partial_dense_modes_build_the_same_kernel():
 def test_partial_dense_with_nothing_free_trains_only_the_bias(nothing):
     layer = PartialDense(2, nothing, use_bias=True)
     model = _model(layer, 3)
-    start = layer.kernel.numpy()
+    start = keras.ops.convert_to_numpy(layer.kernel)
     model.fit(_data(3), _targets(model, 3), epochs=1, verbose=0)
     assert_frozen(start, layer.kernel, np.zeros((3, 2), bool))
     assert count_free_parameters(layer) == 2
@@ -346,7 +353,7 @@ def test_fixed_values_are_non_trainable_weights_that_count_params_includes():
 def test_fixed_values_stay_bit_exact_under_weight_decay():
     layer = BlockDense(SEED_BLOCKS)
     model = _model(layer, 6)
-    fixed = [w.numpy() for w in layer.non_trainable_weights]
+    fixed = [keras.ops.convert_to_numpy(w) for w in layer.non_trainable_weights]
     model.fit(_data(6), _targets(model, 6), epochs=2, batch_size=8, verbose=0)
     for before, weight in zip(fixed, layer.non_trainable_weights):
         assert_frozen(before, weight, np.zeros(before.shape, bool))
@@ -356,7 +363,9 @@ def test_banded_dense_takes_a_numpy_fixed_diagonal():
     values = np.array([1.0, 2.0, 3.0, 4.0])
     layer = BandedDense(1, 1, fixed_diagonal=values)
     layer.build((None, 4))
-    np.testing.assert_array_equal(np.diag(layer.kernel.numpy()), values)
+    np.testing.assert_array_equal(
+        np.diag(keras.ops.convert_to_numpy(layer.kernel)), values
+    )
 
 
 @pytest.mark.parametrize(
@@ -535,6 +544,7 @@ def _eager_adamw_steps(layer, x, steps=3):
         optimizer.apply_gradients(zip(grads, layer.trainable_variables))
 
 
+@pytest.mark.tensorflow_only
 @given(
     mask=hnp.arrays(np.bool_, hnp.array_shapes(min_dims=2, max_dims=2, max_side=5)),
     mode=st.sampled_from(["delta", "select", "auto"]),
@@ -544,11 +554,12 @@ def test_random_mask_frozen_entries_stay_bit_exact_under_adamw(mask, mode):
     layer = PartialDense(units, mask, mode=mode, use_bias=False)
     x = _data(n)
     layer.build((None, n))
-    start = layer.kernel.numpy()
+    start = keras.ops.convert_to_numpy(layer.kernel)
     _eager_adamw_steps(layer, x)
     assert_frozen(start, layer.kernel, mask)
 
 
+@pytest.mark.tensorflow_only
 @given(data=st.data())
 def test_random_band_frozen_entries_stay_bit_exact_under_adamw(data):
     n = data.draw(st.integers(1, 6))
@@ -558,7 +569,7 @@ def test_random_band_frozen_entries_stay_bit_exact_under_adamw(data):
     layer = BandedDense(lower, upper, fixed_diagonal=fixed, kernel_initializer="ones")
     x = _data(n)
     layer.build((None, n))
-    start = layer.kernel.numpy()
+    start = keras.ops.convert_to_numpy(layer.kernel)
     _eager_adamw_steps(layer, x)
     assert_frozen(start, layer.kernel, layer.trainable_mask)
     expected = np.tril(np.triu(np.ones((n, n), bool), -lower), upper)
@@ -572,5 +583,5 @@ def test_layer_acts_on_the_last_axis_of_a_rank_3_input(name):
     factory, n, _, _ = LAYERS[name]
     layer = factory()
     x = _data(n).reshape(2, 8, n)
-    y = layer(x).numpy()
+    y = keras.ops.convert_to_numpy(layer(x))
     np.testing.assert_allclose(y.reshape(16, -1), layer(x.reshape(16, n)), rtol=1e-6)

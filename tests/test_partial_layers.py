@@ -23,6 +23,8 @@ import refimpl
 from refimpl import selection
 from refimpl.partial_layers import PARTIAL_CLASSES, partial_class
 
+pytestmark = pytest.mark.every_backend
+
 RNG = np.random.default_rng(0)
 SLOW = pytest.mark.slow
 
@@ -423,6 +425,7 @@ def test_structured_masks():
     assert blocks.sum() == 2 * 3 + 2 * 1
 
 
+@pytest.mark.tensorflow_only
 def test_a_kernel_regularizer_penalizes_the_free_values_with_the_plain_gradient():
     import tensorflow as tf
 

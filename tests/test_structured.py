@@ -1,7 +1,6 @@
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -18,12 +17,20 @@ from refimpl import (
 )
 from refimpl import moved as refimpl_moved
 
+pytestmark = pytest.mark.every_backend
+
+if keras.backend.backend() == "tensorflow":
+    import tensorflow as tf  # the tests marked tensorflow_only
+
 floats = st.floats(-10, 10, width=32)
 
 
 @pytest.fixture(autouse=True, scope="module")
 def full_float32_matmul():
     """GPUs multiply float32 in TF32 by default; compare at float32 precision."""
+    if keras.backend.backend() != "tensorflow":
+        yield  # JAX: tests/conftest.py sets full float32 products
+        return
     enabled = tf.config.experimental.tensor_float_32_execution_enabled()
     tf.config.experimental.enable_tensor_float_32_execution(False)
     yield
@@ -49,10 +56,11 @@ def test_banded_equals_sum_of_numpy_diagonals(case):
     np.testing.assert_array_equal(banded(diagonals, offsets), expected)
 
 
+@pytest.mark.tensorflow_only
 @given(band_case())
 def test_banded_matmul_equals_dense_product(case):
     n, offsets, diagonals, x = case
-    dense = x @ banded(diagonals, offsets).numpy()
+    dense = x @ keras.ops.convert_to_numpy(banded(diagonals, offsets))
     got = banded_matmul(tf.constant(x), diagonals, offsets)
     np.testing.assert_allclose(got, dense, rtol=1e-5, atol=1e-4)
 
@@ -64,6 +72,7 @@ def test_diagonal_matmul_equals_product_with_diag(w):
     np.testing.assert_allclose(diagonal_matmul(x, w), x @ np.diag(w), rtol=1e-6)
 
 
+@pytest.mark.tensorflow_only
 def test_banded_gradient_reaches_only_the_free_diagonals():
     free = tf.Variable([1.0, 2.0])
     fixed = tf.ones(3)
@@ -75,6 +84,7 @@ def test_banded_gradient_reaches_only_the_free_diagonals():
     np.testing.assert_array_equal(tape.gradient(loss, free), [1.0, 5.0])
 
 
+@pytest.mark.tensorflow_only
 @given(st.integers(2, 8), st.integers(1, 3), st.integers(0, 3))
 def test_adamw_keeps_fixed_diagonal_and_outside_of_band_bit_exact(n, above, below):
     above, below = min(above, n - 1), min(below, n - 1)
@@ -82,7 +92,7 @@ def test_adamw_keeps_fixed_diagonal_and_outside_of_band_bit_exact(n, above, belo
     free += [tf.Variable(tf.fill([n - k], -0.5)) for k in range(1, below + 1)]
     offsets = [0, *range(1, above + 1), *range(-1, -below - 1, -1)]
     diagonals = [tf.fill([n], 0.1), *free]
-    before = banded(diagonals, offsets).numpy()
+    before = keras.ops.convert_to_numpy(banded(diagonals, offsets))
     optimizer = keras.optimizers.AdamW(0.1, weight_decay=0.5)
     for _ in range(3):
         with tf.GradientTape() as tape:
@@ -94,11 +104,14 @@ def test_adamw_keeps_fixed_diagonal_and_outside_of_band_bit_exact(n, above, belo
     assert refimpl_moved(before, banded(diagonals, offsets)).any()
 
 
+@pytest.mark.tensorflow_only
 def test_banded_keeps_a_fixed_diagonal_bit_exact():
     fixed = tf.constant([-0.0, 1e-30, 3.0])
     got = banded([fixed, tf.constant([1.0, 1.0])], [0, -1])
-    raw = tf.linalg.diag_part(got).numpy().view(np.uint32)
-    np.testing.assert_array_equal(raw, fixed.numpy().view(np.uint32))
+    raw = np.diag(keras.ops.convert_to_numpy(got)).view(np.uint32)
+    np.testing.assert_array_equal(
+        raw, keras.ops.convert_to_numpy(fixed).view(np.uint32)
+    )
 
 
 def seed_rows(n, trainable):
@@ -108,6 +121,7 @@ def seed_rows(n, trainable):
     ]
 
 
+@pytest.mark.tensorflow_only
 def test_block_reproduces_the_two_by_two_layout():
     n = 3
     w = tf.reshape(tf.range(9, dtype=tf.float32), (3, 3))
@@ -129,10 +143,14 @@ def test_block_matmul_equals_concat_product(h, w1, w2, batch):
     rows = [[a, None], [None, b]]
     x = rng.standard_normal((batch, h + 3)).astype(np.float32)
     np.testing.assert_allclose(
-        block_matmul(x, rows), x @ block(rows).numpy(), rtol=1e-5, atol=1e-5
+        block_matmul(x, rows),
+        x @ keras.ops.convert_to_numpy(block(rows)),
+        rtol=1e-5,
+        atol=1e-5,
     )
 
 
+@pytest.mark.tensorflow_only
 def test_block_matmul_fills_an_all_none_column_with_zeros():
     rows = [[tf.ones((1, 2)), None], [tf.ones((2, 2)), tf.zeros((2, 1))]]
     rows[1][1] = None
@@ -143,6 +161,7 @@ def test_block_matmul_fills_an_all_none_column_with_zeros():
     np.testing.assert_array_equal(out, [[1.0, 1.0, 2.0]])
 
 
+@pytest.mark.tensorflow_only
 def test_block_gradient_reaches_only_the_trainable_block():
     w = tf.Variable(tf.ones((3, 3)))
     with tf.GradientTape() as tape:
@@ -150,6 +169,7 @@ def test_block_gradient_reaches_only_the_trainable_block():
     np.testing.assert_allclose(tape.gradient(loss, w), 2 * np.ones((3, 3)))
 
 
+@pytest.mark.tensorflow_only
 def test_scatter_free_writes_values_in_index_order():
     got = scatter_free(tf.zeros((2, 2)), [[1, 1], [0, 0]], tf.constant([1.0, 2.0]))
     np.testing.assert_array_equal(got, [[2.0, 0.0], [0.0, 1.0]])
@@ -157,6 +177,7 @@ def test_scatter_free_writes_values_in_index_order():
     np.testing.assert_array_equal(by_mask, [[1.0, 0.0], [0.0, 2.0]])
 
 
+@pytest.mark.tensorflow_only
 def test_products_work_inside_tf_function():
     @tf.function
     def f(x):

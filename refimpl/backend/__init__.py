@@ -5,7 +5,8 @@ runs unchanged under ``KERAS_BACKEND=tensorflow``, ``jax`` and ``torch``. This
 package picks the module of the active backend once, at import:
 
 * :func:`read_now`: a variable's current value as NumPy, also while a
-  function is being traced;
+  function is being traced; :func:`try_read_now`: the same, or ``None``
+  where the backend does not know it (JAX, inside ``fit``'s traced step);
 * :func:`bool_constant`: a large boolean NumPy mask as a backend tensor, fast;
 * :func:`mask_sparse_gradient`: zero the frozen rows of a sparse (row-slice)
   gradient, for the backends that have one (TensorFlow's ``IndexedSlices``);
@@ -37,6 +38,7 @@ __all__ = [
     "name",
     "read_now",
     "require_tensorflow",
+    "try_read_now",
 ]
 
 #: The Keras backend this process runs on.
@@ -51,6 +53,7 @@ if name not in ("tensorflow", "jax", "torch"):
 _impl = importlib.import_module(f"refimpl.backend._{name}")
 
 read_now = _impl.read_now
+try_read_now = _impl.try_read_now
 bool_constant = _impl.bool_constant
 mask_sparse_gradient = _impl.mask_sparse_gradient
 assign_on_every_replica = _impl.assign_on_every_replica

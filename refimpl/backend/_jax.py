@@ -9,11 +9,24 @@ import numpy as np
 
 
 def read_now(variable) -> np.ndarray:
+    value = try_read_now(variable)
+    if value is None:
+        raise ValueError(
+            f"The value of '{variable.path}' is not known while JAX traces a "
+            "training step (Keras holds it in the step's state)"
+        )
+    return value
+
+
+def try_read_now(variable) -> np.ndarray | None:
     # Inside a traced function a Keras variable's value is the traced one;
-    # `_value` is the concrete array it holds.
+    # `_value` is the concrete array it holds, except during `fit`, where
+    # Keras' JAX trainer moves it into the step's state (then: None).
     value = getattr(variable, "_value", None)
     if value is None or isinstance(value, jax.core.Tracer):
         value = variable.value
+    if isinstance(value, jax.core.Tracer):
+        return None
     return np.asarray(value)
 
 

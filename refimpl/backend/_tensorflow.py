@@ -13,6 +13,10 @@ def read_now(variable) -> np.ndarray:
         return keras.ops.convert_to_numpy(variable.value)
 
 
+def try_read_now(variable) -> np.ndarray | None:
+    return read_now(variable)
+
+
 def bool_constant(array):
     # tf.constant of a large bool array is slow (seconds at 4096 x 4096 inside
     # tf.function); the same bytes as uint8 are copied at once and cast.

@@ -11,6 +11,10 @@ def read_now(variable) -> np.ndarray:
     return keras.ops.convert_to_numpy(variable.value)
 
 
+def try_read_now(variable) -> np.ndarray | None:
+    return read_now(variable)
+
+
 def bool_constant(array):
     return keras.ops.convert_to_tensor(np.asarray(array, dtype=bool))
 
