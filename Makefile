@@ -1,8 +1,10 @@
 # Partially Trainable: the book, its notebooks and the refimpl package.
 #   make book     build the HTML book into _build/html (from stored outputs)
 #   make check    lint and the fast tests (no `slow` marker), in about a minute
-#   make test     everything CI runs: lint, every test, notebooks, strict build,
-#                 the book in a browser
+#   make test     everything CI runs: lint, every test, the Keras-level tests
+#                 again under JAX (and PyTorch if installed), notebooks, strict
+#                 build, the book in a browser
+#   make backends the Keras-level tests under JAX, and under PyTorch if installed
 #   make browser  build the book and check it in headless Chromium, offline
 #   make execute  re-run every notebook in place after editing it
 #   make bench    run the benchmarks and rewrite evidence/benchmarks/results/
@@ -18,7 +20,7 @@ export TF_CPP_MIN_LOG_LEVEL := 3
 export PYTHONHASHSEED := 0
 
 .PHONY: book check test lint unit fast notebooks check-book build-book execute bench clean
-.PHONY: browser
+.PHONY: browser backends
 
 # MathJax for the book, served from the build (no CDN): tools/install_mathjax.py
 # fetches the pinned npm package into the git-ignored _mathjax/.
@@ -48,7 +50,7 @@ book: $(STAMP)
 
 check: lint fast
 
-test: lint unit check-book notebooks build-book browser
+test: lint unit backends check-book notebooks build-book browser
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)
@@ -56,6 +58,16 @@ lint: $(STAMP)
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests --doctest-modules refimpl evidence
+
+# The Keras-level tests (marked every_backend) and refimpl's doctests on the
+# other backends; TensorFlow runs them in `unit`.
+backends: $(STAMP)
+	KERAS_BACKEND=jax $(BIN)/python -m pytest -q -m every_backend tests --doctest-modules refimpl
+	@if $(BIN)/python -c "import torch" 2>/dev/null; then \
+	  KERAS_BACKEND=torch $(BIN)/python -m pytest -q -m every_backend tests --doctest-modules refimpl; \
+	else \
+	  echo "backends: PyTorch is not installed, so the torch backend was not tested (pip install torch to test it)"; \
+	fi
 
 fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests --doctest-modules refimpl evidence

@@ -8,6 +8,7 @@ refimpl's Keras-level modules. Those carry the ``every_backend`` mark under
 every backend, so ``pytest -m every_backend`` selects the same set anywhere.
 """
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -29,6 +30,8 @@ _TENSORFLOW_LEVEL = (
 collect_ignore = [f"refimpl/backend/_{b}.py" for b in _BACKENDS if b != _BACKEND]
 if _BACKEND != "tensorflow":
     collect_ignore += list(_TENSORFLOW_LEVEL)
+if importlib.util.find_spec("torch") is None:
+    collect_ignore.append("evidence/torch_recipes.py")
 
 
 def pytest_ignore_collect(collection_path: Path, config):
