@@ -37,21 +37,28 @@ __all__ = [
 
 #: Density (fraction of free entries) from which ``"select"`` is chosen.
 #: Measured for one training step (forward, gradient, Adam update) with a batch
-#: of 64 on a 2-core CPU: the delta step grows with the number of free values
-#: and overtakes the select step (about 1.1-1.3x the dense step, whatever the
-#: density) between 10% and 20% free at n = 512, 1024 and 2048. The
-#: benchmark's ``partial_delta`` and ``partial_select`` rows are the committed
-#: evidence. Above it, "select" trades memory for time: n values and n per
-#: optimizer slot instead of k.
+#: of 64 on a 2-core CPU, at n = 4096: the delta step grows with the number of
+#: free values and overtakes the select step (about 1.1-1.3x the dense step,
+#: whatever the density) between 10% and 15% free without XLA. The benchmark's
+#: ``partial_delta`` and ``partial_select`` rows (``cpu.csv``,
+#: ``cpu_crossover.csv``) are the committed evidence. Above it, "select" trades
+#: memory for time: n values and n per optimizer slot instead of k.
 SELECT_ABOVE_DENSITY = 0.15
 
 #: Density below which the sparse product (``"sparse"``) is chosen for a
-#: matrix, without XLA. MEASURED_SPARSE
-SPARSE_BELOW_DENSITY = 0.01
+#: matrix, without XLA. Measured in the same step at n = 4096 (first and hidden
+#: layer, ``partial_sparse`` and ``partial_delta`` rows): at 0.1% free the
+#: sparse product costs about 0.3x the dense step against the delta's 0.57x;
+#: at 1% the two are even (about 0.82x, and 0.95x for a hidden layer). Its
+#: ``[k, batch]`` temporaries reach one n x n matrix at about 0.5% with a batch
+#: of 64, so the switch is there, not at the time crossing.
+SPARSE_BELOW_DENSITY = 0.005
 
 #: The same threshold when XLA compiles the step (``jit_compile=True``, and
-#: always under JAX): XLA's scatter-add on CPU is slower, so the sparse product
-#: stops paying at a lower density. MEASURED_SPARSE_XLA
+#: always under JAX): XLA's scatter-add on the CPU is slower, so the sparse
+#: product stops paying sooner: at n = 4096 it costs 0.55x the dense step at
+#: 0.1% free (the delta 0.83x) but 1.9x at 1% (the delta 0.85x); the lines
+#: cross near 0.3%.
 SPARSE_BELOW_DENSITY_XLA = 0.003
 
 _MODES = ("delta", "select")
@@ -454,7 +461,11 @@ class PartialVariable(keras.layers.Layer):
         # is the mask scattered again from the positions, in the graph. A
         # scatter of k entries into n² costs more than the rest of the select.
         positions = self.positions.value
-        known = _read_now(self.positions)
+        known = backend.try_read_now(self.positions)
+        if known is None:  # JAX inside `fit`: the positions are traced state
+            if self._mask_cache is None:
+                return self._scattered_mask(positions)
+            known = self._mask_cache[0]  # still checked against them below
         if self._mask_cache is None or not np.array_equal(self._mask_cache[0], known):
             mask = np.zeros(int(np.prod(self._shape)), bool)
             mask[known] = True

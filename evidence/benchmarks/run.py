@@ -34,7 +34,9 @@ full run writes, at the largest n unless said otherwise:
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import gc
+import multiprocessing
 import os
 import pathlib
 import sys
@@ -53,7 +55,7 @@ BATCH = 64
 # Second, smaller sweeps at the largest n (tf.function only): the band's width,
 # and the densities around the switch from a sparse delta to a select.
 BAND_SWEEP = (3, 9, 33, 129)
-CROSSOVER_SWEEP = (0.003, 0.03, 0.2, 0.3)
+CROSSOVER_SWEEP = (0.003, 0.005, 0.03, 0.15, 0.3)
 #: The partial forms whose choice the crossover sweep and the hidden layer test.
 PARTIAL = ("partial_sparse", "partial_delta", "partial_select", "partial_auto")
 #: The hidden-layer run: the floor, the partial forms and the structured ones.
@@ -195,6 +197,20 @@ def measure(
     return rows
 
 
+def isolated(case_list, n, jit, args, common, **kwargs):
+    """:func:`measure` in a fresh process (except for ``--quick``).
+
+    TensorFlow keeps memory from every variant a process has built and
+    compiled; over a full run that grows past the machine's memory. A
+    process per size and setting returns it all.
+    """
+    if args.quick:
+        return measure(case_list, n, jit, args, common, **kwargs)
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+        return pool.submit(measure, case_list, n, jit, args, common, **kwargs).result()
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     tf.get_logger().setLevel("ERROR")  # one tf.function per variant is intended
@@ -213,7 +229,7 @@ def main(argv=None) -> int:
 
     for jit in (False, True):
         for n in args.jit_sizes if jit else args.sizes:
-            rows += measure(case_list, n, jit, args, common, target_ms=target(n))
+            rows += isolated(case_list, n, jit, args, common, target_ms=target(n))
             done = time.perf_counter() - start
             print(f"  jit={jit!s:5} n={n:5}: done at {done:6.1f} s", flush=True)
     report.write_csv(rows, out_csv)
@@ -225,7 +241,7 @@ def main(argv=None) -> int:
         extra["hidden"] = [
             row
             for jit in (False, True)
-            for row in measure(
+            for row in isolated(
                 [(variants.BASELINE, None, None), *hidden],
                 top,
                 jit,
@@ -239,7 +255,7 @@ def main(argv=None) -> int:
         extra["scaling"] = [
             row
             for n in SCALING_SIZES
-            for row in measure(
+            for row in isolated(
                 [(variants.BASELINE, None, None), *scaling], n, False, args, common
             )
         ]
@@ -259,7 +275,7 @@ def main(argv=None) -> int:
             sweep_rows = [
                 row
                 for jit in jits
-                for row in measure(
+                for row in isolated(
                     [(variants.BASELINE, None, None), *sweep], n, jit, args, common
                 )
             ]
