@@ -39,7 +39,7 @@ def _decayed(cls, **kwargs):
 #: Every Keras optimizer, each with weight decay.
 OPTIMIZERS: dict[str, Callable[[], keras.optimizers.Optimizer]] = {
     "SGD": _decayed(keras.optimizers.SGD),
-    "SGD (momentum)": _decayed(keras.optimizers.SGD, momentum=0.9, nesterov=True),
+    "Nesterov": _decayed(keras.optimizers.SGD, momentum=0.9, nesterov=True),
     "RMSprop": _decayed(keras.optimizers.RMSprop),
     "Adam": _decayed(keras.optimizers.Adam),
     "AdamW": _decayed(keras.optimizers.AdamW),
