@@ -32,9 +32,6 @@ def plot_mask(mask, *, ax=None, title: str | None = None, values=None, moved=Non
     Returns:
         The matplotlib axes.
     """
-    import matplotlib.pyplot as plt
-    from matplotlib.colors import ListedColormap
-
     shape = np.shape(values) if values is not None else np.shape(mask)
     grid = to_mask(mask, shape)
     if grid.ndim == 1:
@@ -43,6 +40,8 @@ def plot_mask(mask, *, ax=None, title: str | None = None, values=None, moved=Non
         raise ValueError(
             f"`mask` must have rank 1 or 2 to be drawn. Received shape {shape}"
         )
+    import matplotlib.pyplot as plt  # after the checks: a bad mask says so first
+    from matplotlib.colors import ListedColormap
     codes = grid.astype(int)
     if moved is not None:
         moved = np.asarray(moved, dtype=bool).reshape(grid.shape)

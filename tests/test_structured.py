@@ -186,6 +186,8 @@ def test_products_work_inside_tf_function():
     np.testing.assert_array_equal(f(tf.ones((1, 2))), [[2.0, 2.0]])
 
 
+# (On every backend: the structured rows of tests/test_bad_inputs.py.)
+@pytest.mark.tensorflow_only
 @pytest.mark.parametrize(
     "call, error, words",
     [
