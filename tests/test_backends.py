@@ -346,3 +346,24 @@ def test_tensorflow_level_code_says_which_backend_it_needs():
         raise SystemExit("no ImportError")
     """
     _run_under("jax", code, "unused")
+
+
+def test_masked_optimizer_stateless_apply_keeps_the_frozen_entries():
+    # JAX's trainer calls stateless_apply (Keras refuses it on TensorFlow).
+    if BACKEND == "tensorflow":
+        pytest.skip("Keras: stateless_apply is not supported with TensorFlow")
+    w = keras.Variable(np.ones((2, 3), "float32"), name="w")
+    mask = np.array([[True, False, True], [False, True, False]])
+    optimizer = refimpl.MaskedOptimizer(
+        keras.optimizers.AdamW(0.1, weight_decay=0.5), [(w, mask)], restore_frozen=True
+    )
+    optimizer.build([w])
+    grads = [keras.ops.convert_to_tensor(np.full((2, 3), 3.0, "float32"))]
+    state = [v.value for v in optimizer.variables]
+    new_weights, new_state = optimizer.stateless_apply(state, grads, [w.value])
+    new = numpy(new_weights[0])
+    refimpl.assert_frozen(np.ones((2, 3), "float32"), new, mask)
+    assert refimpl.moved(np.ones((2, 3), "float32"), new)[mask].all()
+    if BACKEND == "jax":  # (Keras' torch optimizers update in place even here)
+        np.testing.assert_array_equal(numpy(w), np.ones((2, 3)))
+    assert len(new_state) == len(optimizer.variables)
