@@ -65,7 +65,8 @@ PY
   "$VENV/bin/python" -m pytest -q -p no:cacheprovider -m every_backend tests --doctest-modules refimpl
   "$VENV/bin/python" tools/run_notebook.py chapters/12_backends.ipynb \
     --skip '"KERAS_BACKEND": "tensorflow"'
-  echo "gpu_check: the Keras-level tests and the backend chapter pass on JAX on the GPU"
+  platform=$("$VENV/bin/python" -c 'import jax; print(jax.devices()[0].platform)')
+  echo "gpu_check: the Keras-level tests and the backend chapter pass on JAX ($platform)"
   exit 0
   ;;
 tensorflow) ;;
