@@ -2,8 +2,9 @@
 
 The book's backend chapter shows these functions as listings; the tests run
 them whenever PyTorch is installed (``tests/test_torch_recipes.py``). Each
-trains a 6 x 4 ``nn.Linear`` weight for three AdamW steps and returns how many
-of its frozen entries moved, and how many free ones did.
+trains the 4 x 6 (out x in) weight of an ``nn.Linear(6, 4)`` for three AdamW
+steps and returns how many of its frozen entries moved, and how many free ones
+did.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ def _setup():
     torch.manual_seed(0)
     layer = torch.nn.Linear(6, 4, bias=False)
     mask = torch.zeros_like(layer.weight, dtype=torch.bool)
-    mask[:, :2] = True  # the trainable entries: two input columns
+    mask[:, :2] = True  # the trainable entries: the weights of two inputs
     x, y = torch.randn(24, 6), torch.randn(24, 4)
     return layer, mask, x, y
 
@@ -72,7 +73,14 @@ def parametrization(weight_decay: float) -> dict:
         layer.parameters(), lr=0.05, weight_decay=weight_decay
     )
     _train(layer, optimizer, x, y)
-    return _moved(before, layer.weight.detach(), mask)
+    return {
+        **_moved(before, layer.weight.detach(), mask),
+        "optimizer_state": _state_size(optimizer),
+    }
+
+
+def _state_size(optimizer) -> int:
+    return sum(t.numel() for s in optimizer.state.values() for t in s.values())
 
 
 class PartialLinear(torch.nn.Module):
@@ -102,8 +110,7 @@ def param_groups(weight_decay: float) -> dict:
         [{"params": [partial.free], "weight_decay": weight_decay}], lr=0.05
     )
     _train(partial, optimizer, x, y)
-    state = sum(t.numel() for s in optimizer.state.values() for t in s.values())
     return {
         **_moved(before, partial.weight.detach(), mask),
-        "optimizer_state": state,
+        "optimizer_state": _state_size(optimizer),
     }

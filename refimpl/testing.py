@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+import keras
 import numpy as np
 
 from refimpl.masks import to_mask
@@ -18,7 +19,9 @@ __all__ = ["moved", "assert_frozen", "count_free_parameters", "count_optimizer_s
 
 
 def _numpy(value, name: str) -> np.ndarray:
-    if hasattr(value, "numpy"):
+    if isinstance(value, keras.Variable) or keras.ops.is_tensor(value):
+        value = keras.ops.convert_to_numpy(value)  # any backend, any device
+    elif hasattr(value, "numpy"):
         value = value.numpy()
     array = np.asarray(value)
     # Any fixed-size dtype is fine, including ml_dtypes' bfloat16.

@@ -20,6 +20,33 @@ if BACKEND == "tensorflow":
     # (10-bit mantissa) by default; the tests compare products at float32
     # tolerances.
     tf.config.experimental.enable_tensor_float_32_execution(False)
+elif BACKEND == "torch":
+    import functools
+
+    import numpy as np
+
+    # NumPy cannot read a torch tensor that requires grad (a composed kernel):
+    # the assertions the tests use read every tensor argument through Keras.
+    def _readable(function):
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            args = [
+                keras.ops.convert_to_numpy(a)
+                if keras.ops.is_tensor(a) or isinstance(a, keras.Variable)
+                else a
+                for a in args
+            ]
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    for _name in (
+        "assert_allclose",
+        "assert_array_equal",
+        "assert_equal",
+        "assert_array_almost_equal",
+    ):
+        setattr(np.testing, _name, _readable(getattr(np.testing, _name)))
 elif BACKEND == "jax":
     import jax
 
