@@ -55,7 +55,7 @@ BATCH = 64
 # Second, smaller sweeps at the largest n (tf.function only): the band's width,
 # and the densities around the switch from a sparse delta to a select.
 BAND_SWEEP = (3, 9, 33, 129)
-CROSSOVER_SWEEP = (0.003, 0.005, 0.03, 0.15, 0.3)
+CROSSOVER_SWEEP = (0.003, 0.005, 0.03, 0.15, 0.2, 0.3)
 #: The partial forms whose choice the crossover sweep and the hidden layer test.
 PARTIAL = ("partial_sparse", "partial_delta", "partial_select", "partial_auto")
 #: The hidden-layer run: the floor, the partial forms and the structured ones.
