@@ -42,6 +42,7 @@ def plot_mask(mask, *, ax=None, title: str | None = None, values=None, moved=Non
         )
     import matplotlib.pyplot as plt  # after the checks: a bad mask says so first
     from matplotlib.colors import ListedColormap
+
     codes = grid.astype(int)
     if moved is not None:
         moved = np.asarray(moved, dtype=bool).reshape(grid.shape)
