@@ -38,14 +38,15 @@ __all__ = [
 #: Density (fraction of free entries) from which ``"select"`` is chosen.
 #: Measured for one training step (forward, gradient, Adam update) with a batch
 #: of 64 on a 2-core CPU, at n = 4096, without XLA: the delta step grows with
-#: the number of free values (about 0.9x the dense step at 10% free, 1.1x at
-#: 15%, 1.9x at 30%) and overtakes the select step (1.1-1.4x the dense step,
-#: whatever the density) between 15% and 30% free. The benchmark's
-#: ``partial_delta`` and ``partial_select`` rows (``cpu.csv``,
-#: ``cpu_crossover.csv``) are the committed evidence. Under XLA the delta stayed
-#: ahead of the select up to 50%. Above it, "select" trades memory for time: n
-#: values and n per optimizer slot instead of k.
-SELECT_ABOVE_DENSITY = 0.2
+#: the number of free values (about 0.9x the dense step at 10% free, 1.1x to
+#: 1.3x at 15%, about 2x at 30%) and overtakes the select step (1.1x to 1.4x the
+#: dense step, whatever the density) between 10% and 15% free: the delta was
+#: ahead at 10% in every run, and the runs disagreed at 15%. The switch sits
+#: between the two. The benchmark's ``partial_delta`` and ``partial_select``
+#: rows (``cpu.csv``, ``cpu_crossover.csv``) are the committed evidence. Under
+#: XLA the delta stayed ahead of the select up to 50%. Above it, "select"
+#: trades memory for time: n values and n per optimizer slot instead of k.
+SELECT_ABOVE_DENSITY = 0.125
 
 #: Density below which the sparse product (``"sparse"``) is chosen for a
 #: matrix, without XLA. Measured in the same step at n = 4096 (first and hidden
