@@ -80,7 +80,7 @@ def test_every_instrument_reads_the_registry():
     assert {t.id for t in exactness.TECHNIQUES} <= ids
     assert {t.id for t in distributed.TECHNIQUES} <= ids
     benchmarked = {t.id for t in registry.TECHNIQUES if t.benchmark}
-    comparisons = {variants.BASELINE} | {
+    comparisons = {variants.BASELINE, variants.FLOOR} | {
         t.benchmark.naive for t in registry.TECHNIQUES if t.benchmark
     } - {None}
     assert set(variants.ALL) == benchmarked | comparisons
