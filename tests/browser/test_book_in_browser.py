@@ -16,8 +16,9 @@ import pathlib
 import re
 
 import pytest
-from conftest import DESKTOP, PHONE
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+from conftest import DESKTOP, PHONE
 
 BOOK = pathlib.Path(os.environ["BOOK_HTML"]).resolve()
 REDIRECT = re.compile(
