@@ -1,98 +1,90 @@
-"""refimpl: train only some positions of a Keras/TensorFlow tensor, exactly.
+"""refimpl: train only some positions of a Keras tensor, exactly.
 
-TensorFlow and Keras decide trainability per *variable*. This package
-implements every way around that, in two families:
+Keras decides trainability per *variable*. This package implements every way
+around that, in two families:
 
-* **reparametrize**: build the tensor from free values and fixed values, so the
-  optimizer only ever sees the free values (exact under every optimizer, and
-  the optimizer state is one value per free entry): :class:`PartialVariable`,
-  the layers, the structured builders;
-* **restrict the update**: keep one full variable and filter its gradient or
-  its update (:class:`MaskedOptimizer`, :class:`FreezeEntries`,
-  :func:`partially_trainable`): cheap to add to existing code, exact only with
-  ``restore_frozen=True`` or a constraint.
+* **reparametrize**: build the tensor from free values and fixed values, so
+  the optimizer only ever sees the free values (exact under every optimizer,
+  and the optimizer state is one value per free entry): the partial layers
+  (:class:`PartialDense`, :func:`partialize`, :func:`enable_partial`),
+  :class:`PartialVariable` in your own layer, and the structured layers
+  (:class:`DiagonalDense`, :class:`BandedDense`, :class:`BlockDense`);
+* **restrict the update**: keep one full variable and filter its update
+  (:class:`MaskedOptimizer`, :class:`FreezeEntries`).
 
-Every ``masks`` argument is a list of ``(variable, mask)`` pairs; in a mask,
-``True`` (or 1.0) means trainable. See the book for when to use which.
-
-The Keras-level API (the layers, :func:`partialize`, :class:`PartialVariable`,
-:class:`FreezeEntries`, :class:`MaskedOptimizer`, :mod:`refimpl.selection`,
-the checks) runs on every Keras backend: TensorFlow, JAX and PyTorch. The
-TensorFlow-level teaching code (:func:`partially_trainable`,
-:func:`one_hot_trainable`, :func:`minimize`) needs ``KERAS_BACKEND=tensorflow``
-and says so when used under another backend.
+The top level holds what a model needs. The rest lives in submodules:
+:mod:`refimpl.masks` (masks and index lists), :mod:`refimpl.ops` (compose,
+the sparse product, the choice of form), :mod:`refimpl.structured` (diagonal,
+band and block matrices and their products), :mod:`refimpl.selection` (which
+entries to train), :mod:`refimpl.testing` (checks), :mod:`refimpl.plotting`,
+:mod:`refimpl.optimizers`, :mod:`refimpl.backend`, and :mod:`refimpl.tf`, the
+TensorFlow-level teaching code. Everything but :mod:`refimpl.tf` runs on every
+Keras backend: TensorFlow, JAX and PyTorch.
 """
 
-__version__ = "1.0.0"
+__version__ = "2.0.0"
 
-# Re-impose frozen values after every update (a Keras constraint).
-# Choosing the entries to train: random, by magnitude, by Fisher score, structured.
-# The few pieces that differ between Keras backends.
-from refimpl import backend, selection
+from refimpl import (
+    _compat,  # noqa: F401  (the Keras version check, first)
+    backend,
+    masks,
+    ops,
+    optimizers,
+    plotting,
+    selection,
+    structured,
+    testing,
+)
 from refimpl.constraints import FreezeEntries
-
-# Convert a model's layers to partially trainable ones, and fold them back.
 from refimpl.convert import merge, partialize
-
-# Keras layers whose kernel is built from its free values.
-from refimpl.layers import BandedDense, BlockDense, DiagonalDense, PartialDense
-
-# Mask the gradients of full variables: an optimizer wrapper and a custom-loop step.
-from refimpl.masked_optimizer import (
-    MaskedOptimizer,
-    apply_masked_gradients,
-    mask_gradients,
+from refimpl.layers import (
+    BandedDense,
+    BlockDense,
+    DiagonalDense,
+    PartialDense,
+    enable_partial,
 )
+from refimpl.optimizers import MaskedOptimizer
+from refimpl.variable import PartialVariable
 
-# Masks and index lists.
-from refimpl.masks import indices_to_mask, mask_to_indices, to_mask
-
-# Any Keras layer with a kernel or an embedding table, made partially trainable.
-from refimpl.partial_layers import enable_partial
-
-# Pictures.
-from refimpl.plotting import plot_mask
-
-# Structured matrices built from their free values, and their cheap products.
-from refimpl.structured import (
-    banded,
-    banded_matmul,
-    block,
-    block_matmul,
-    diagonal,
-    diagonal_matmul,
-    scatter_free,
-)
-
-# Checks: bit-exact frozen entries, and the values an optimizer can change.
-from refimpl.testing import (
-    assert_frozen,
-    count_free_parameters,
-    count_optimizer_state,
-    moved,
-)
-
-# Free values plus a frozen base.
-from refimpl.variables import PartialVariable, choose_mode, compose
-
-# TensorFlow-level teaching code: block the gradient of frozen positions, and
-# SciPy over the free entries only (replaces TF 1's ScipyOptimizerInterface).
-_TENSORFLOW_LEVEL = {
-    "minimize": "refimpl.scipy_optimize",
-    "one_hot_trainable": "refimpl.stop_gradient",
-    "partially_trainable": "refimpl.stop_gradient",
+#: Names of refimpl 1.x that moved in 2.0, and where they are now.
+MOVED = {
+    "apply_masked_gradients": "refimpl.optimizers.apply_masked_gradients",
+    "mask_gradients": "refimpl.optimizers.mask_gradients",
+    "assert_frozen": "refimpl.testing.assert_frozen",
+    "count_free_parameters": "refimpl.testing.count_free_parameters",
+    "count_optimizer_state": "refimpl.testing.count_optimizer_state",
+    "moved": "refimpl.testing.moved",
+    "banded": "refimpl.structured.banded",
+    "banded_matmul": "refimpl.structured.banded_matmul",
+    "block": "refimpl.structured.block",
+    "block_matmul": "refimpl.structured.block_matmul",
+    "diagonal": "refimpl.structured.diagonal",
+    "diagonal_matmul": "refimpl.structured.diagonal_matmul",
+    "scatter_free": "refimpl.ops.compose",
+    "compose": "refimpl.ops.compose",
+    "choose_mode": "refimpl.ops.choose_mode",
+    "indices_to_mask": "refimpl.masks.indices_to_mask",
+    "mask_to_indices": "refimpl.masks.mask_to_indices",
+    "to_mask": "refimpl.masks.to_mask",
+    "plot_mask": "refimpl.plotting.plot_mask",
+    "minimize": "refimpl.tf.minimize",
+    "one_hot_trainable": "refimpl.tf.one_hot_trainable",
+    "partially_trainable": "refimpl.tf.partially_trainable",
 }
-
-if backend.name == "tensorflow":
-    from refimpl.scipy_optimize import minimize
-    from refimpl.stop_gradient import one_hot_trainable, partially_trainable
 
 
 def __getattr__(name: str):
-    # Reached only for names not set above: under JAX or PyTorch, the
-    # TensorFlow-level functions raise a clear ImportError when first used.
-    if name in _TENSORFLOW_LEVEL:
-        backend.require_tensorflow(f"refimpl.{name}")
+    # Reached only for names not set above.
+    if name == "tf":  # imports TensorFlow: only when asked for
+        import importlib
+
+        return importlib.import_module("refimpl.tf")
+    if name in MOVED:
+        raise AttributeError(
+            f"refimpl.{name} moved in refimpl 2.0: use {MOVED[name]} "
+            "(the CHANGELOG lists every move)."
+        )
     raise AttributeError(f"module 'refimpl' has no attribute {name!r}")
 
 
@@ -105,30 +97,16 @@ __all__ = [
     "PartialDense",
     "PartialVariable",
     "__version__",
-    "apply_masked_gradients",
-    "assert_frozen",
-    "banded",
-    "banded_matmul",
-    "block",
-    "block_matmul",
-    "choose_mode",
-    "compose",
-    "count_free_parameters",
-    "count_optimizer_state",
-    "diagonal",
-    "diagonal_matmul",
     "enable_partial",
-    "indices_to_mask",
-    "mask_gradients",
-    "mask_to_indices",
     "merge",
-    "minimize",
-    "moved",
-    "one_hot_trainable",
     "partialize",
-    "partially_trainable",
-    "plot_mask",
-    "scatter_free",
+    # submodules
+    "backend",
+    "masks",
+    "ops",
+    "optimizers",
+    "plotting",
     "selection",
-    "to_mask",
+    "structured",
+    "testing",
 ]

@@ -18,17 +18,16 @@ import keras
 import numpy as np
 from keras import ops
 
-# Keras walks KerasSaveable attributes of a layer when it saves and loads
-# weights; a constraint that is one stores its arrays in the weights file.
-from keras.src.saving.keras_saveable import KerasSaveable
-
-from refimpl.masks import mask_shape, normalize_shape, to_mask
+from refimpl import _compat
+from refimpl.masks import describe, mask_shape, normalize_shape, to_mask
 
 __all__ = ["FreezeEntries"]
 
 
 @keras.saving.register_keras_serializable(package="refimpl")
-class FreezeEntries(keras.constraints.Constraint, KerasSaveable):
+# Keras walks KerasSaveable attributes of a layer when it saves and loads
+# weights; a constraint that is one stores its arrays in the weights file.
+class FreezeEntries(keras.constraints.Constraint, _compat.KerasSaveable):
     """Keep the entries outside ``mask`` at fixed ``values`` after each update.
 
     ``constraint(w)`` returns ``where(mask, w, values)``: the trainable entries
@@ -72,7 +71,7 @@ class FreezeEntries(keras.constraints.Constraint, KerasSaveable):
                 raise ValueError(
                     "`mask` must be a boolean mask of the variable's shape when "
                     "`values` is a scalar (an index list does not say the "
-                    f"shape). Received: mask={mask!r}"
+                    f"shape). Received: mask={describe(mask)}"
                 )
         self._mask = to_mask(mask, shape, name="mask")
         self._values = values_array
@@ -127,9 +126,7 @@ class FreezeEntries(keras.constraints.Constraint, KerasSaveable):
         return shell
 
     def _obj_type(self) -> str:
-        # Keras' saver asks for a known kind to walk the object's attributes;
-        # a constraint has none to walk, like a loss.
-        return "Loss"
+        return _compat.SAVEABLE_KIND
 
     def save_own_variables(self, store) -> None:
         self._check_loaded()
@@ -149,11 +146,7 @@ class FreezeEntries(keras.constraints.Constraint, KerasSaveable):
 
     def _check_loaded(self) -> None:
         if not self._loaded:
-            raise ValueError(
-                "This FreezeEntries was rebuilt from a config without its mask "
-                "and values; they come with the saved weights. Load the model "
-                "with `keras.saving.load_model` (or its weights) first."
-            )
+            raise _compat.require_loaded("This FreezeEntries")
 
 
 def _values(values, name: str = "values") -> np.ndarray:
@@ -164,11 +157,11 @@ def _values(values, name: str = "values") -> np.ndarray:
     except (TypeError, ValueError) as err:
         raise TypeError(
             f"`{name}` must be a number or a rectangular numeric array. "
-            f"Received: {name}={values!r}"
+            f"Received: {name}={describe(values)}"
         ) from err
     if array.dtype.kind in "OSUmMb":  # bfloat16 (kind 'V') is numeric
         raise TypeError(
             f"`{name}` must be a number or a rectangular numeric array. "
-            f"Received dtype {array.dtype}: {name}={values!r}"
+            f"Received dtype {array.dtype}: {name}={describe(values)}"
         )
     return array

@@ -5,13 +5,20 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from refimpl.masks import to_mask
-from refimpl.partial_layers import _SUPPORTED, _TARGETS, _PartialMixin, enable_partial
+from refimpl import _compat
+from refimpl.layers.partial import (
+    PartialWeightMixin,
+    enable_partial,
+    supported_classes,
+    target_weight,
+)
+from refimpl.masks import describe, to_mask
+from refimpl.ops import check_mode
 
-__all__ = ["merge", "partialize"]
+__all__ = ["merge", "partial_layers", "partialize"]
 
 
-def partialize(model, layer_masks, *, in_place: bool = False):
+def partialize(model, layer_masks, *, in_place: bool = False, mode: str = "delta"):
     """Return a model whose chosen weights are trainable only at some entries.
 
     Every chosen layer (``Dense``, ``EinsumDense``, the convolutions and
@@ -31,7 +38,17 @@ def partialize(model, layer_masks, *, in_place: bool = False):
             values (a NumPy array) and returns the mask, such as
             ``lambda w: refimpl.selection.magnitude_mask(w, fraction=0.01)``.
         in_place: convert ``model``'s own layers (as Keras' ``enable_lora``
-            does) instead of a copy.
+            does) instead of a copy. A model compiled before is marked as not
+            compiled: its optimizer and traced step were built for the old
+            variables, and ``fit`` asks for a new ``compile``.
+        mode: the form of every partial weight (see
+            :func:`refimpl.enable_partial`).
+
+    A key matches a layer by its name or its weight's path, or by the end of
+    the path (``"query/kernel"``, ``"query"``), at any depth. A key that
+    matches several layers converts every one, as keras-hub's
+    ``enable_lora(target_layer_names=...)`` does; :func:`partial_layers` lists
+    what was converted.
 
     Returns:
         The converted model (``model`` itself with ``in_place=True``). Compile
@@ -49,10 +66,11 @@ def partialize(model, layer_masks, *, in_place: bool = False):
     if not isinstance(layer_masks, dict):
         raise TypeError(
             "`layer_masks` must be a dict from a layer name or weight path to a mask "
-            f"or a policy. Received: layer_masks={layer_masks!r}"
+            f"or a policy. Received: layer_masks={describe(layer_masks)}"
         )
     if not isinstance(in_place, bool):
         raise TypeError(f"`in_place` must be True or False. Received: {in_place!r}")
+    check_mode(mode)
     # Every mask is computed and checked before anything is converted.
     chosen = [
         (layer, _policy(layer, mask, f"layer_masks[{key!r}]"))
@@ -60,21 +78,47 @@ def partialize(model, layer_masks, *, in_place: bool = False):
     ]
     if in_place:
         for layer, mask in chosen:
-            enable_partial(layer, mask)
+            enable_partial(layer, mask, mode=mode)
+        if getattr(model, "compiled", False):
+            # The optimizer and the traced train step know the old variables:
+            # training on them would move the frozen base and no free value.
+            model.compiled = False
+            model.optimizer = None
+            model.train_function = model.test_function = None
+            model.predict_function = None
         return model
     copy = _clone(model)
     # Nested layers (the projections inside MultiHeadAttention) line up by
     # their place in the flattened layer list.
-    before, after = _layers(model), _layers(copy)
+    before, after = _compat.sub_layers(model), _compat.sub_layers(copy)
     place = {id(layer): i for i, layer in enumerate(before)}
     for layer, mask in chosen:
-        enable_partial(after[place[id(layer)]], mask)
+        enable_partial(after[place[id(layer)]], mask, mode=mode)
     return copy
+
+
+def partial_layers(model) -> list[dict]:
+    """What is partially trainable in ``model``: one record per partial layer.
+
+    Each record has the layer's ``path``, its ``class``, ``num_free`` and
+    ``size`` (entries of its partial weight).
+    """
+    return [
+        {
+            "path": layer.path or layer.name,
+            "class": type(layer).__name__,
+            "num_free": layer.num_free,
+            "size": int(np.prod(layer.base_weight.shape)),
+        }
+        for layer in _compat.sub_layers(model)
+        if isinstance(layer, PartialWeightMixin)
+    ]
 
 
 def _resolve(model, masks):
     """The (layer, mask) pairs that ``masks`` names, each layer checked."""
-    layers = _layers(model)
+    layers = _compat.sub_layers(model)
+    seen: set = set()
     for key, mask in masks.items():
         if not isinstance(key, str):
             raise TypeError(
@@ -87,52 +131,53 @@ def _resolve(model, masks):
                 f"`layer_masks[{key!r}]` names no layer or weight of the model. Its "
                 f"layers: {[layer.name for layer in layers][:12]}"
             )
-        layer = found[0]
-        if isinstance(layer, _PartialMixin):
-            raise ValueError(
-                f"`layer_masks[{key!r}]` names layer {layer.name!r}, which is already "
-                "partially trainable"
-            )
-        if type(layer) not in _SUPPORTED:
-            raise TypeError(
-                f"`layer_masks[{key!r}]` names layer {layer.name!r} of type "
-                f"{type(layer).__name__}, which partialize cannot convert; it "
-                f"converts {[c.__name__ for c in _SUPPORTED]}"
-            )
-        yield key, layer, mask
+        for layer in found:
+            if id(layer) in seen:
+                raise ValueError(
+                    f"`layer_masks[{key!r}]` names layer {layer.path or layer.name!r}, which "
+                    "another key names too: give each layer one mask"
+                )
+            seen.add(id(layer))
+            if isinstance(layer, PartialWeightMixin):
+                raise ValueError(
+                    f"`layer_masks[{key!r}]` names layer {layer.path or layer.name!r}, which "
+                    "is already partially trainable"
+                )
+            if type(layer) not in supported_classes():
+                raise TypeError(
+                    f"`layer_masks[{key!r}]` names layer {layer.path or layer.name!r} of type "
+                    f"{type(layer).__name__}, which partialize cannot convert; it "
+                    f"converts {[c.__name__ for c in supported_classes()]}"
+                )
+            yield key, layer, mask
 
 
 def _names(layer, key: str) -> bool:
-    if layer.name == key:
+    path = layer.path or layer.name
+    if layer.name == key or path == key or path.endswith("/" + key):
         return True
-    if type(layer) not in _SUPPORTED:
+    if type(layer) not in supported_classes():
         return False
-    path = getattr(layer, "_" + _TARGETS.get(type(layer), "kernel")).path
+    path = target_weight(layer).path
     return path == key or path.endswith("/" + key)
 
 
 def _policy(layer, mask, name: str) -> np.ndarray:
-    weight = getattr(layer, "_" + _TARGETS.get(type(layer), "kernel"))
+    weight = target_weight(layer)
     if callable(mask):
         mask = mask(np.array(keras.ops.convert_to_numpy(weight)))
     return to_mask(mask, tuple(weight.shape), name=name)
 
 
-def _layers(model) -> list:
-    """Every layer of ``model``, nested models' layers included, in order."""
-    out = []
-    for layer in model._flatten_layers(include_self=False, recursive=True):
-        out.append(layer)
-    return out
-
-
 def _check_model(model, what: str, *, allow_subclassed: bool = False) -> None:
     if not isinstance(model, keras.Model):
-        raise TypeError(f"`model` must be a Keras model. Received: model={model!r}")
+        raise TypeError(
+            f"`model` must be a Keras model. Received: model={describe(model)}"
+        )
     if (
         not allow_subclassed
         and not isinstance(model, keras.Sequential)
-        and not _is_functional(model)
+        and not _compat.is_functional(model)
     ):
         extra = (
             " Pass `in_place=True` to convert its layers themselves."
@@ -145,7 +190,9 @@ def _check_model(model, what: str, *, allow_subclassed: bool = False) -> None:
             f"Received: {type(model).__name__}"
         )
     if not model.built:
-        raise ValueError(f"`model` must be built. Received: model={model.name!r}")
+        raise ValueError(
+            f"`model` must be built. Received: model={describe(model.name)}"
+        )
 
 
 def merge(model):
@@ -191,9 +238,3 @@ def _clone(model, replace=lambda layer: None):
         if source is not None:
             layer.set_weights([np.array(w) for w in source.get_weights()])
     return copy
-
-
-def _is_functional(model) -> bool:
-    return type(model).__name__ == "Functional" or (
-        hasattr(model, "_is_graph_network") and model._is_graph_network
-    )

@@ -36,6 +36,7 @@ __all__ = [
     "mask_shape",
     "normalize_shape",
     "pair_masks",
+    "describe",
 ]
 
 
@@ -67,7 +68,9 @@ def normalize_shape(shape, *, name: str = "shape") -> tuple[int, ...]:
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
     if not isinstance(shape, Sequence) and not isinstance(shape, np.ndarray):
-        raise TypeError(f"`{name}` must be a tuple of ints. Received: {name}={shape!r}")
+        raise TypeError(
+            f"`{name}` must be a tuple of ints. Received: {name}={describe(shape)}"
+        )
     dims = []
     for d in shape:
         if d is None:
@@ -77,7 +80,7 @@ def normalize_shape(shape, *, name: str = "shape") -> tuple[int, ...]:
             )
         if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
             raise TypeError(
-                f"`{name}` must be a tuple of ints. Received: {name}={shape!r}"
+                f"`{name}` must be a tuple of ints. Received: {name}={describe(shape)}"
             )
         if d < 0:
             raise ValueError(
@@ -98,7 +101,7 @@ def _as_numpy(value, name: str) -> np.ndarray:
             raise TypeError(
                 f"`{name}` must be static (a NumPy array, a list, or an eager "
                 f"tensor), because it fixes which positions are trainable. "
-                f"Received a symbolic tensor: {name}={value!r}"
+                f"Received a symbolic tensor: {name}={describe(value)}"
             )
         return np.asarray(keras.ops.convert_to_numpy(value))
     try:
@@ -106,12 +109,12 @@ def _as_numpy(value, name: str) -> np.ndarray:
     except (ValueError, TypeError) as err:
         raise TypeError(
             f"`{name}` must be a rectangular boolean mask or an integer index "
-            f"list of shape [k, rank]. Received: {name}={value!r}"
+            f"list of shape [k, rank]. Received: {name}={describe(value)}"
         ) from err
     if array.dtype == object:
         raise TypeError(
             f"`{name}` must be a rectangular boolean mask or an integer index "
-            f"list of shape [k, rank]. Received: {name}={value!r}"
+            f"list of shape [k, rank]. Received: {name}={describe(value)}"
         )
     return array
 
@@ -384,13 +387,13 @@ def variable_pairs(items, *, name: str, slot: int, kind: str) -> list[tuple]:
     """
     if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
         raise TypeError(
-            f"`{name}` must be a list of {kind} pairs. Received: {name}={items!r}"
+            f"`{name}` must be a list of {kind} pairs. Received: {name}={describe(items)}"
         )
     pairs = []
     for i, pair in enumerate(items):
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
             raise TypeError(
-                f"`{name}[{i}]` must be a {kind} pair. Received: {name}[{i}]={pair!r}"
+                f"`{name}[{i}]` must be a {kind} pair. Received: {name}[{i}]={describe(pair)}"
             )
         if not backend.is_variable(pair[slot]):
             where = "start" if slot == 0 else "end"
@@ -415,7 +418,45 @@ def _check_shape(array: np.ndarray, shape: tuple[int, ...], name: str) -> None:
         )
 
 
-def _short(array: np.ndarray) -> str:
-    text = np.array2string(np.asarray(array), threshold=12, separator=", ")
-    text = " ".join(text.split()).replace("[ ", "[")  # one line
-    return text if len(text) < 200 else text[:197] + "..."
+def describe(value) -> str:
+    """What an error message shows of a received value: never a whole array.
+
+    A scalar, a string or a container of at most six scalars is shown as its
+    ``repr`` (cut at 80 characters); anything larger as its type, shape and
+    dtype, such as ``ndarray of shape (64, 64) and dtype float64``.
+
+    >>> describe(3), describe([1, 2]), describe(np.zeros((64, 64)))
+    ('3', '[1, 2]', 'ndarray of shape (64, 64) and dtype float64')
+    """
+    if value is None or isinstance(value, (bool, int, float, str, np.generic)):
+        text = repr(value)
+        return text if len(text) <= 80 else text[:77] + "..."
+    kind = type(value).__name__
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    if shape is None and isinstance(value, (list, tuple)):
+        try:
+            array = np.asarray(value)
+        except (TypeError, ValueError):
+            array = None
+        if array is not None and array.dtype != object and array.size <= 6:
+            text = repr(value)
+            if len(text) <= 80:
+                return text
+        if array is not None and array.dtype != object:
+            shape, dtype = array.shape, None
+        else:
+            return f"{kind} of length {len(value)}"
+    if shape is None:
+        text = repr(value)
+        return text if len(text) <= 80 else f"an object of type {kind}"
+    text = f"{kind} of shape {tuple(shape)}"
+    if dtype is not None:
+        try:
+            text += f" and dtype {keras.backend.standardize_dtype(dtype)}"
+        except (TypeError, ValueError):
+            text += f" and dtype {dtype}"
+    return text
+
+
+_short = describe

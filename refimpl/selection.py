@@ -23,7 +23,7 @@ import keras
 import numpy as np
 
 from refimpl import backend
-from refimpl.masks import normalize_shape
+from refimpl.masks import describe, normalize_shape
 
 __all__ = [
     "band_mask",
@@ -49,7 +49,7 @@ def random_mask(shape, *, k=None, fraction=None, seed: int = 0) -> np.ndarray:
     size = int(np.prod(shape))
     k = _count(k, fraction, size)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"`seed` must be an int. Received: seed={seed!r}")
+        raise TypeError(f"`seed` must be an int. Received: seed={describe(seed)}")
     chosen = np.random.default_rng(seed).choice(size, size=k, replace=False)
     mask = np.zeros(size, bool)
     mask[chosen] = True
@@ -101,11 +101,13 @@ def fisher_scores(model, x, y, *, loss, batch_size: int = 32, batches: int = 4):
         A dict from each trainable weight's path to a NumPy array of its shape.
     """
     if not isinstance(model, keras.Model):
-        raise TypeError(f"`model` must be a Keras model. Received: model={model!r}")
+        raise TypeError(
+            f"`model` must be a Keras model. Received: model={describe(model)}"
+        )
     for name, value in (("batch_size", batch_size), ("batches", batches)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(
-                f"`{name}` must be a positive int. Received: {name}={value!r}"
+                f"`{name}` must be a positive int. Received: {name}={describe(value)}"
             )
     loss_fn = keras.losses.get(loss)
     x, y = np.asarray(x), np.asarray(y)
@@ -180,7 +182,7 @@ def band_mask(shape, lower: int, upper: int) -> np.ndarray:
     for name, value in (("lower", lower), ("upper", upper)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(
-                f"`{name}` must be an int >= 0. Received: {name}={value!r}"
+                f"`{name}` must be an int >= 0. Received: {name}={describe(value)}"
             )
     offset = np.subtract.outer(np.arange(shape[0]), np.arange(shape[1]))
     return (offset <= lower) & (-offset <= upper)
@@ -210,11 +212,11 @@ def block_mask(shape, row_sizes, col_sizes, blocks) -> np.ndarray:
         sizes = list(sizes)
         if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
             raise ValueError(
-                f"`{name}` must be positive ints. Received: {name}={sizes!r}"
+                f"`{name}` must be positive ints. Received: {name}={describe(sizes)}"
             )
         if sum(sizes) != total:
             raise ValueError(
-                f"`{name}` must sum to {total}. Received: {name}={sizes!r}"
+                f"`{name}` must sum to {total}. Received: {name}={describe(sizes)}"
             )
         edges.append(np.concatenate([[0], np.cumsum(sizes)]))
     mask = np.zeros(shape, bool)
@@ -226,12 +228,12 @@ def block_mask(shape, row_sizes, col_sizes, blocks) -> np.ndarray:
         ):
             raise TypeError(
                 f"`blocks[{n}]` must be an (i, j) pair of ints, the block's row "
-                f"and column in the grid. Received: blocks[{n}]={block!r}"
+                f"and column in the grid. Received: blocks[{n}]={describe(block)}"
             )
         i, j = block
         if not (0 <= i < len(edges[0]) - 1 and 0 <= j < len(edges[1]) - 1):
             raise ValueError(
-                f"`blocks[{n}]` is outside the grid. Received: blocks[{n}]={block!r}"
+                f"`blocks[{n}]` is outside the grid. Received: blocks[{n}]={describe(block)}"
             )
         mask[edges[0][i] : edges[0][i + 1], edges[1][j] : edges[1][j + 1]] = True
     return mask
@@ -240,22 +242,24 @@ def block_mask(shape, row_sizes, col_sizes, blocks) -> np.ndarray:
 def _count(k, fraction, size: int) -> int:
     if (k is None) == (fraction is None):
         raise ValueError(
-            f"Give exactly one of `k` and `fraction`. Received: k={k!r}, "
-            f"fraction={fraction!r}"
+            f"Give exactly one of `k` and `fraction`. Received: k={describe(k)}, "
+            f"fraction={describe(fraction)}"
         )
     if k is not None:
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-            raise TypeError(f"`k` must be an int. Received: k={k!r}")
+            raise TypeError(f"`k` must be an int. Received: k={describe(k)}")
         if not 0 <= k <= size:
             raise ValueError(
                 f"`k` must be between 0 and the size {size}. Received: k={k}"
             )
         return int(k)
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
-        raise TypeError(f"`fraction` must be a number. Received: fraction={fraction!r}")
+        raise TypeError(
+            f"`fraction` must be a number. Received: fraction={describe(fraction)}"
+        )
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(
-            f"`fraction` must be between 0 and 1. Received: fraction={fraction!r}"
+            f"`fraction` must be between 0 and 1. Received: fraction={describe(fraction)}"
         )
     return int(round(fraction * size))
 
@@ -265,7 +269,7 @@ def _float(value, name: str) -> np.ndarray:
         array = np.asarray(keras.ops.convert_to_numpy(value), dtype=np.float64)
     except (TypeError, ValueError) as err:
         raise TypeError(
-            f"`{name}` must be a numeric array. Received: {name}={value!r}"
+            f"`{name}` must be a numeric array. Received: {name}={describe(value)}"
         ) from err
     return array
 
@@ -274,10 +278,10 @@ def _axis_indices(indices, size: int, name: str) -> np.ndarray:
     array = np.asarray(indices)
     if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
         raise TypeError(
-            f"`{name}` must be a list of ints. Received: {name}={indices!r}"
+            f"`{name}` must be a list of ints. Received: {name}={describe(indices)}"
         )
     if array.size and (array.min() < 0 or array.max() >= size):
         raise ValueError(
-            f"`{name}` must lie in [0, {size}). Received: {name}={indices!r}"
+            f"`{name}` must lie in [0, {size}). Received: {name}={describe(indices)}"
         )
     return array.astype(np.int64)

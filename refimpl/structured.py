@@ -24,7 +24,7 @@ import numpy as np
 from keras import ops
 
 from refimpl import backend
-from refimpl.masks import mask_to_indices, normalize_shape, to_mask
+from refimpl.masks import describe
 
 __all__ = [
     "banded",
@@ -33,7 +33,6 @@ __all__ = [
     "block_matmul",
     "diagonal",
     "diagonal_matmul",
-    "scatter_free",
 ]
 
 
@@ -239,59 +238,6 @@ def split_last(x, sizes: Sequence[int]) -> list:
     return ops.split(x, list(np.cumsum(sizes)[:-1]), axis=-1)
 
 
-def scatter_free(template, indices, values):
-    """Write ``k`` free values into a frozen template.
-
-    Args:
-        template: the dense tensor of fixed values.
-        indices: the free positions, any form :func:`refimpl.masks.to_mask`
-            accepts (an index list of shape ``[k, rank]`` or a boolean mask).
-            Values are matched to positions in the order of the index list;
-            for a boolean mask, in row-major order.
-        values: a 1-D tensor of length ``k``, the template's dtype.
-
-    Returns:
-        ``keras.ops.scatter_update(template, indices, values)``.
-
-    Raises:
-        ValueError: for bad indices or a ``values`` of the wrong length.
-        TypeError: if the dtypes differ.
-
-    >>> ops.convert_to_numpy(scatter_free(np.zeros((2, 2), "float32"), [[0, 1]], [5.0]))
-    array([[0., 5.],
-           [0., 0.]], dtype=float32)
-    """
-    template = ops.convert_to_tensor(template)
-    index_array = _index_list(indices, tuple(template.shape), "indices")
-    values = _vector(values, "values")
-    if _dtype(values) != _dtype(template):
-        raise TypeError(
-            f"`values` must have the template's dtype {_dtype(template)}. "
-            f"Received: values.dtype={_dtype(values)}"
-        )
-    if values.shape[0] != len(index_array):
-        raise ValueError(
-            f"`values` must hold one value per index ({len(index_array)}). "
-            f"Received: values.shape={tuple(values.shape)}"
-        )
-    return ops.scatter_update(template, index_array, values)
-
-
-def _index_list(indices, shape, name: str) -> np.ndarray:
-    """Validate ``indices`` (index list or mask); return a ``[k, rank]`` list.
-
-    An index list keeps its row order; a mask gives row-major order.
-    """
-    shape = normalize_shape(shape, name="template.shape")
-    mask = to_mask(indices, shape, name=name, indices_expected=True)
-    if keras.ops.is_tensor(indices) or backend.is_variable(indices):
-        indices = ops.convert_to_numpy(indices)
-    array = np.asarray(indices)
-    if array.size and np.issubdtype(array.dtype, np.integer):
-        return array.astype(np.int64).reshape(-1, len(shape))
-    return mask_to_indices(mask)
-
-
 def _dtype(tensor) -> str:
     return keras.backend.standardize_dtype(tensor.dtype)
 
@@ -311,12 +257,12 @@ def _vector(value, name: str):
         dtype = _dtype(tensor)
     except (TypeError, ValueError) as err:
         raise TypeError(
-            f"`{name}` must be a 1-D numeric tensor. Received: {name}={value!r}"
+            f"`{name}` must be a 1-D numeric tensor. Received: {name}={describe(value)}"
         ) from err
     if not (dtype.startswith(("float", "complex")) or dtype == "bfloat16"):
         raise TypeError(
             f"`{name}` must hold floating-point numbers. Received dtype "
-            f"{dtype}: {name}={value!r}"
+            f"{dtype}: {name}={describe(value)}"
         )
     shape = tuple(tensor.shape)
     if len(shape) != 1 or shape[0] is None:
@@ -352,7 +298,7 @@ def _band(diagonals, offsets):
     if _is_array(diagonals) or not isinstance(diagonals, Sequence):
         raise TypeError(
             "`diagonals` must be a list of 1-D tensors, one per offset. "
-            f"Received: diagonals={diagonals!r}"
+            f"Received: diagonals={describe(diagonals)}"
         )
     if not offsets or len(offsets) != len(diagonals):
         raise ValueError(
@@ -435,7 +381,7 @@ def check_rectangular(rows, name: str) -> None:
     ):
         raise ValueError(
             f"`{name}` must be a non-empty list of non-empty lists of blocks. "
-            f"Received: {name}={rows!r}"
+            f"Received: {name}={describe(rows)}"
         )
     if any(len(r) != len(rows[0]) for r in rows):
         raise ValueError(

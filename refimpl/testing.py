@@ -13,7 +13,7 @@ import re
 import keras
 import numpy as np
 
-from refimpl.masks import to_mask
+from refimpl.masks import describe, to_mask
 
 __all__ = ["moved", "assert_frozen", "count_free_parameters", "count_optimizer_state"]
 
@@ -27,7 +27,7 @@ def _numpy(value, name: str) -> np.ndarray:
     # Any fixed-size dtype is fine, including ml_dtypes' bfloat16.
     if array.dtype == object or array.dtype.itemsize == 0:
         raise TypeError(
-            f"`{name}` must be a numeric array or tensor. Received: {name}={value!r}"
+            f"`{name}` must be a numeric array or tensor. Received: {name}={describe(value)}"
         )
     return array
 
@@ -157,7 +157,7 @@ def count_optimizer_state(optimizer) -> int:
 
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
-            f"`optimizer` must be a Keras optimizer. Received: optimizer={optimizer!r}"
+            f"`optimizer` must be a Keras optimizer. Received: optimizer={describe(optimizer)}"
         )
     if not optimizer.built:
         raise ValueError(

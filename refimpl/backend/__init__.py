@@ -28,6 +28,8 @@ import importlib
 
 import keras
 
+from refimpl.masks import describe
+
 __all__ = [
     "assign_on_every_replica",
     "batch_gradients",
@@ -47,7 +49,7 @@ name = keras.backend.backend()
 if name not in ("tensorflow", "jax", "torch"):
     raise ImportError(
         "refimpl runs on the Keras backends 'tensorflow', 'jax' and 'torch'. "
-        f"Received: KERAS_BACKEND={name!r}"
+        f"Received: KERAS_BACKEND={describe(name)}"
     )
 
 _impl = importlib.import_module(f"refimpl.backend._{name}")

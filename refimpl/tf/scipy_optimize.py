@@ -18,11 +18,11 @@ import scipy.optimize
 from refimpl import backend
 
 # The TensorFlow-level code: a clear error, before TensorFlow is imported.
-backend.require_tensorflow("refimpl.scipy_optimize")
+backend.require_tensorflow("refimpl.tf.scipy_optimize")
 
 import tensorflow as tf  # noqa: E402
 
-from refimpl.masks import mask_to_indices, normalize_shape, to_mask  # noqa: E402
+from refimpl.masks import describe, mask_to_indices, normalize_shape, to_mask  # noqa: E402
 
 __all__ = ["minimize"]
 
@@ -86,7 +86,7 @@ def minimize(
     if not callable(loss_fn):
         raise TypeError(
             "`loss_fn` must be a function of no arguments that returns the loss. "
-            f"Received: loss_fn={loss_fn!r}"
+            f"Received: loss_fn={describe(loss_fn)}"
         )
     variables, masks = _variables_and_masks(variables, mask)
     method_key = _check_method(method)
@@ -156,14 +156,14 @@ def _variables_and_masks(variables, mask):
     if not isinstance(var_list, (list, tuple)) or not var_list:
         raise TypeError(
             "`variables` must be a tf.Variable or a non-empty list of them. "
-            f"Received: variables={variables!r}"
+            f"Received: variables={describe(variables)}"
         )
     for i, var in enumerate(var_list):
         if not isinstance(var, tf.Variable) or not var.dtype.is_floating:
             name = "variables" if single else f"variables[{i}]"
             raise TypeError(
                 f"`{name}` must be a tf.Variable of floating dtype. "
-                f"Received: {name}={var!r}"
+                f"Received: {name}={describe(var)}"
             )
     if len({id(v) for v in var_list}) != len(var_list):
         raise ValueError("`variables` lists the same variable more than once.")
@@ -175,7 +175,7 @@ def _variables_and_masks(variables, mask):
         raise ValueError(
             f"With a list of {len(var_list)} variables, `mask` must be None or a "
             f"list of {len(var_list)} masks (one per variable, None for all "
-            f"free). Received: mask={mask!r}"
+            f"free). Received: mask={describe(mask)}"
         )
     masks = []
     for i, (var, m) in enumerate(zip(var_list, mask_list)):
@@ -195,7 +195,7 @@ def _check_method(method) -> str:
             extra = " It needs a Hessian, which `minimize` does not compute."
         raise ValueError(
             f"`method` must be one of SciPy's minimize methods that need at most "
-            f"a gradient: {', '.join(known)}.{extra} Received: method={method!r}"
+            f"a gradient: {', '.join(known)}.{extra} Received: method={describe(method)}"
         )
     return method.lower()
 

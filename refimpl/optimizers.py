@@ -34,9 +34,15 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from refimpl import backend
-from refimpl.masks import check_pairs, mask_constant, pair_masks, variable_pairs
-from refimpl.variables import _constant, _read_now
+from refimpl import _compat, backend
+from refimpl.masks import (
+    check_pairs,
+    describe,
+    mask_constant,
+    pair_masks,
+    variable_pairs,
+)
+from refimpl.ops import initializer as _constant
 
 __all__ = ["MaskedOptimizer", "apply_masked_gradients", "mask_gradients"]
 
@@ -110,7 +116,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
                     f"`{option}` belongs to the inner optimizer: set it there, "
                     f"for example keras.optimizers.AdamW(..., {option}=...). "
                     f"MaskedOptimizer only filters the update. Received: "
-                    f"{option}={value!r} on the MaskedOptimizer"
+                    f"{option}={describe(value)} on the MaskedOptimizer"
                 )
         if "learning_rate" in kwargs:
             raise ValueError(
@@ -126,7 +132,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             raise TypeError(
                 f"`{name}` is not an argument of MaskedOptimizer, which takes "
                 "`optimizer`, `masks`, `restore_frozen` and `name`. "
-                f"Received: {name}={kwargs[name]!r}"
+                f"Received: {name}={describe(kwargs[name])}"
             )
         if isinstance(optimizer, str):
             try:
@@ -134,17 +140,17 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             except ValueError as err:
                 raise ValueError(
                     "`optimizer` must be a Keras optimizer or the name of one "
-                    f"(such as 'adam'). Received: optimizer={optimizer!r}"
+                    f"(such as 'adam'). Received: optimizer={describe(optimizer)}"
                 ) from err
         if not isinstance(optimizer, keras.optimizers.Optimizer):
             raise TypeError(
                 "`optimizer` must be a Keras optimizer, such as "
-                f"keras.optimizers.Adam(1e-3). Received: optimizer={optimizer!r}"
+                f"keras.optimizers.Adam(1e-3). Received: optimizer={describe(optimizer)}"
             )
         if not isinstance(restore_frozen, bool):
             raise TypeError(
                 "`restore_frozen` must be True or False. "
-                f"Received: restore_frozen={restore_frozen!r}"
+                f"Received: restore_frozen={describe(restore_frozen)}"
             )
         if masks is None and saved is None:
             raise TypeError(
@@ -203,9 +209,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             return pair_masks(self._pairs, var_list, scales=True)
         out = [None] * len(var_list)
         for entry in self._saved:
-            index = entry.get("index")
-            if index is None or index >= len(var_list):
-                index = _find_path(entry["path"], var_list)
+            index = _find_path(entry["path"], var_list)
             shape = tuple(entry["shape"])
             if tuple(var_list[index].shape) != shape:
                 raise ValueError(
@@ -230,15 +234,10 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             if mask is None:
                 continue
             key = self._var_key(variable)
-            values = _read_now(mask)
+            values = backend.read_now(mask)
             if (values == _NOT_LOADED).any():
-                raise ValueError(
-                    f"The mask of '{_path(variable)}' was rebuilt from the "
-                    "MaskedOptimizer's config without its values, which are "
-                    "saved with the optimizer's variables. Load them with "
-                    "`keras.saving.load_model` (Keras warns 'Skipping variable "
-                    "loading for optimizer' when it could not), or pass the "
-                    "masks again: MaskedOptimizer(optimizer, masks)."
+                raise _compat.require_loaded(
+                    f"The MaskedOptimizer's mask of '{_path(variable)}'"
                 )
             if ((values > 0) & (values < 1)).any():
                 self._scaled.add(key)
@@ -439,12 +438,12 @@ def apply_masked_gradients(
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
             "`optimizer` must be a Keras optimizer, such as "
-            f"keras.optimizers.SGD(0.1). Received: optimizer={optimizer!r}"
+            f"keras.optimizers.SGD(0.1). Received: optimizer={describe(optimizer)}"
         )
     if not isinstance(restore_frozen, bool):
         raise TypeError(
             "`restore_frozen` must be True or False. "
-            f"Received: restore_frozen={restore_frozen!r}"
+            f"Received: restore_frozen={describe(restore_frozen)}"
         )
     grads, variables = _split(grads_and_vars)
     if not variables:
@@ -518,16 +517,33 @@ def _path(variable) -> str:
 
 
 def _find_path(path: str, var_list) -> int:
-    """The index of the variable whose path is ``path``, allowing a prefix."""
-    for i, variable in enumerate(var_list):
-        own = _path(variable)
-        if own == path or own.endswith("/" + path) or path.endswith("/" + own):
-            return i
-    raise ValueError(
-        f"The saved MaskedOptimizer masks the variable '{path}', which the "
-        f"model being trained does not have. Its variables: "
-        f"{[_path(v) for v in var_list][:8]}"
-    )
+    """The index of the one variable whose path is ``path``.
+
+    The full path decides; only where no path equals it is a path that ends
+    in it (or that it ends in) accepted, and then it must be one. (A saved
+    index is never trusted: variables may come in another order.)
+    """
+    paths = [_path(v) for v in var_list]
+    found = [i for i, own in enumerate(paths) if own == path]
+    if not found:
+        found = [
+            i
+            for i, own in enumerate(paths)
+            if own.endswith("/" + path) or path.endswith("/" + own)
+        ]
+    if len(found) > 1:
+        raise ValueError(
+            f"The saved MaskedOptimizer masks the variable '{path}', and "
+            f"{len(found)} variables of the model being trained match it: "
+            f"{[paths[i] for i in found][:8]}. Pass the masks again: "
+            "MaskedOptimizer(optimizer, masks)."
+        )
+    if not found:
+        raise ValueError(
+            f"The saved MaskedOptimizer masks the variable '{path}', which the "
+            f"model being trained does not have. Its variables: {paths[:8]}"
+        )
+    return found[0]
 
 
 _NOT_LOADED = -1.0

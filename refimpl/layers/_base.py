@@ -5,6 +5,8 @@ from __future__ import annotations
 import keras
 import numpy as np
 
+from refimpl import _compat, backend
+from refimpl.masks import describe
 from refimpl.structured import block_sizes, check_rectangular
 
 
@@ -36,7 +38,7 @@ class StructuredDense(keras.layers.Layer):
         super().__init__(**kwargs)
         if not isinstance(use_bias, bool):
             raise TypeError(
-                f"`use_bias` must be a bool. Received: use_bias={use_bias!r}"
+                f"`use_bias` must be a bool. Received: use_bias={describe(use_bias)}"
             )
         self.activation = keras.activations.get(activation)
         self.use_bias = use_bias
@@ -45,6 +47,17 @@ class StructuredDense(keras.layers.Layer):
         self.bias_regularizer = keras.regularizers.get(bias_regularizer)
         self.bias_constraint = keras.constraints.get(bias_constraint)
         self.input_spec = keras.layers.InputSpec(min_ndim=2)
+        # The names of fixed weights whose values come with the saved weights
+        # (a shell's), checked once before the first use.
+        self._from_weights: list = []
+
+    def _check_loaded(self) -> None:
+        if self._from_weights and all(
+            np.all(np.isnan(backend.read_now(getattr(self, name))))
+            for name in self._from_weights
+        ):
+            raise _compat.require_loaded(f"Layer '{self.name}'")
+        self._from_weights = []
 
     def _build_bias(self, input_dim: int, units: int) -> None:
         self.bias = None
@@ -59,6 +72,7 @@ class StructuredDense(keras.layers.Layer):
         self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: input_dim})
 
     def call(self, inputs):
+        self._check_loaded()
         y = self._product(inputs, self.compute_dtype)
         if self.bias is not None:
             y = y + keras.ops.cast(self.bias, self.compute_dtype)
@@ -69,6 +83,7 @@ class StructuredDense(keras.layers.Layer):
         """The dense kernel ``[input_dim, units]``, in the variable dtype."""
         if not self.built:
             raise AttributeError("Build the layer before reading its `kernel`.")
+        self._check_loaded()
         return self._kernel(self.variable_dtype)
 
     @property
@@ -137,7 +152,7 @@ def dense_arguments(dense, name: str = "dense") -> tuple[np.ndarray, dict]:
     """
     if not isinstance(dense, keras.layers.Dense) or not dense.built:
         raise TypeError(
-            f"`{name}` must be a built keras.layers.Dense. Received: {name}={dense!r}"
+            f"`{name}` must be a built keras.layers.Dense. Received: {name}={describe(dense)}"
         )
     for option in ("kernel_regularizer", "kernel_constraint"):
         if getattr(dense, option) is not None:
@@ -194,7 +209,9 @@ def input_dim(input_shape) -> int:
 
 def non_negative_int(value, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"`{name}` must be an int >= 0. Received: {name}={value!r}")
+        raise TypeError(
+            f"`{name}` must be an int >= 0. Received: {name}={describe(value)}"
+        )
     if value < 0:
         raise ValueError(f"`{name}` must be an int >= 0. Received: {name}={value}")
     return int(value)
@@ -205,7 +222,7 @@ def float_array(value, name: str, *, max_ndim: int) -> np.ndarray:
         array = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError) as err:
         raise TypeError(
-            f"`{name}` must be numeric. Received: {name}={value!r}"
+            f"`{name}` must be numeric. Received: {name}={describe(value)}"
         ) from err
     if array.ndim > max_ndim:
         raise ValueError(
@@ -221,12 +238,12 @@ def given_sizes(sizes, count: int, name: str):
     if not isinstance(sizes, (list, tuple)) or len(sizes) != count:
         raise ValueError(
             f"`{name}` must be a list of {count} positive ints, one per "
-            f"block {name[:3]}. Received: {name}={sizes!r}"
+            f"block {name[:3]}. Received: {name}={describe(sizes)}"
         )
     for s in sizes:
         if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s <= 0:
             raise ValueError(
-                f"`{name}` must hold positive ints. Received: {name}={sizes!r}"
+                f"`{name}` must hold positive ints. Received: {name}={describe(sizes)}"
             )
     return [int(s) for s in sizes]
 
@@ -246,7 +263,7 @@ def parse_grid(blocks, row_sizes, col_sizes):
             if isinstance(b, str) and b not in ("trainable", "fixed"):
                 raise ValueError(
                     f"`blocks[{i}][{j}]` must be None, 'trainable', 'fixed' or "
-                    f"a 2-D array. Received: blocks[{i}][{j}]={b!r}"
+                    f"a 2-D array. Received: blocks[{i}][{j}]={describe(b)}"
                 )
             if b is not None and not isinstance(b, str):
                 b = float_array(b, f"blocks[{i}][{j}]", max_ndim=2)

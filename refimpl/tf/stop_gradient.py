@@ -20,11 +20,17 @@ from __future__ import annotations
 from refimpl import backend
 
 # The TensorFlow-level code: a clear error, before TensorFlow is imported.
-backend.require_tensorflow("refimpl.stop_gradient")
+backend.require_tensorflow("refimpl.tf.stop_gradient")
 
 import tensorflow as tf  # noqa: E402
 
-from refimpl.masks import mask_constant, mask_to_indices, normalize_shape, to_mask  # noqa: E402
+from refimpl.masks import (  # noqa: E402
+    describe,
+    mask_constant,
+    mask_to_indices,
+    normalize_shape,
+    to_mask,
+)
 
 __all__ = ["partially_trainable", "one_hot_trainable"]
 
@@ -127,12 +133,12 @@ def _bool_mask(mask, x_shape: tf.TensorShape):
             raise TypeError(
                 "A symbolic `mask` must be a boolean tensor (index lists and 0/1 "
                 "masks must be static: NumPy arrays or lists). Received: "
-                f"mask={mask!r}"
+                f"mask={describe(mask)}"
             )
         if mask.shape != x_shape or not x_shape.is_fully_defined():
             raise ValueError(
                 f"`mask` must have the static shape of `x`, {x_shape}. "
-                f"Received: mask={mask!r}"
+                f"Received: mask={describe(mask)}"
             )
         return mask
     return mask_constant(to_mask(mask, _static_shape(x_shape)))

@@ -22,7 +22,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from refimpl._layer_base import (
+from refimpl.layers._base import (
     StructuredDense,
     check_outside,
     copy_bias,
@@ -32,7 +32,7 @@ from refimpl._layer_base import (
     non_negative_int,
     parse_grid,
 )
-from refimpl.partial_dense import PartialDense
+from refimpl.ops import initializer as _constant
 from refimpl.structured import (
     banded,
     banded_matmul,
@@ -42,9 +42,8 @@ from refimpl.structured import (
     diagonal_matmul,
     split_last,
 )
-from refimpl.variables import _constant
 
-__all__ = ["BandedDense", "BlockDense", "DiagonalDense", "PartialDense"]
+__all__ = ["BandedDense", "BlockDense", "DiagonalDense"]
 
 
 @keras.saving.register_keras_serializable(package="refimpl")
@@ -155,8 +154,8 @@ class BandedDense(StructuredDense):
         fixed_diagonal: ``None`` for a trainable main diagonal, or its fixed
             value: a number, or a list of ``n`` numbers. It is kept in a
             non-trainable weight ``fixed_diagonal``. (``"from_weights"``
-            builds that weight with zeros, for values loaded with saved
-            weights: what ``from_config`` does.)
+            builds that weight for values loaded with saved weights: what
+            ``from_config`` does; the layer refuses to run until they are.)
         activation: as for ``keras.layers.Dense``.
         use_bias: add a trainable bias (default ``False``).
         kernel_initializer: for ``off_diagonals`` (default ``"zeros"``).
@@ -236,13 +235,18 @@ class BandedDense(StructuredDense):
             )
         self.diagonal = self.fixed_diagonal = None
         if self._fixed is not None:
-            start = np.zeros(n) if not fixed else np.broadcast_to(self._fixed, (n,))
+            # Values that come with the weights start as NaN: the shell mark.
+            start = (
+                np.full(n, np.nan) if not fixed else np.broadcast_to(self._fixed, (n,))
+            )
             self.fixed_diagonal = self.add_weight(
                 name="fixed_diagonal",
                 shape=(n,),
                 initializer=_constant(start),
                 trainable=False,
             )
+            if not fixed:
+                self._from_weights.append("fixed_diagonal")
         else:
             self.diagonal = self.add_weight(
                 name="diagonal", shape=(n,), initializer=self.diagonal_initializer
@@ -333,8 +337,8 @@ class BlockDense(StructuredDense):
             zero block), ``"trainable"`` (a trainable block drawn by
             ``kernel_initializer``), or a 2-D array of fixed values, kept in a
             non-trainable weight ``fixed_i_j``. (``"fixed"`` is a fixed block
-            of zeros whose values come with saved weights: what
-            ``from_config`` builds.)
+            whose values come with saved weights: what ``from_config``
+            builds; the layer refuses to run until they are loaded.)
         row_sizes: the height of each block row (input features); needed only
             for a row without a fixed block, checked against the others.
         col_sizes: the width of each block column (output units); likewise.
@@ -402,7 +406,8 @@ class BlockDense(StructuredDense):
                     )
                     setattr(self, f"block_{i}_{j}", weight)  # tracked by name
                 elif entry is not None:
-                    start = np.zeros(shape) if isinstance(entry, str) else entry
+                    shell = isinstance(entry, str)  # "fixed": it comes with the weights
+                    start = np.full(shape, np.nan) if shell else entry
                     weight = self.add_weight(
                         name=f"fixed_{i}_{j}",
                         shape=shape,
@@ -410,6 +415,8 @@ class BlockDense(StructuredDense):
                         trainable=False,
                     )
                     setattr(self, f"fixed_{i}_{j}", weight)
+                    if shell:
+                        self._from_weights.append(f"fixed_{i}_{j}")
         self._build_bias(n, sum(self._widths))
 
     @classmethod

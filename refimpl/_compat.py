@@ -1,0 +1,155 @@
+"""Every private Keras access refimpl makes, and the one protocol for shells.
+
+refimpl follows Keras' public API wherever one exists. A few things it needs
+have no public form; each sits here, behind a check against the running
+version, so an upgrade that removes one fails here with a message that says
+what is missing, never as a deep ``AttributeError`` in a user's model:
+
+* :data:`KerasSaveable`, the base class Keras' saver walks (a constraint
+  whose arrays go into the weights file);
+* :func:`unlocked`, adding weights to a built layer (Keras' own
+  ``enable_lora`` does the same);
+* :func:`skip_variable_count_check`, loading a plain layer's file into a
+  layer that has more variables;
+* :func:`sub_layers`, every layer of a model at any depth;
+* :func:`is_functional`, whether a model is a graph of layers that
+  ``clone_model`` can rebuild (keras-hub's models subclass it).
+
+The shell protocol: an object rebuilt from a config alone (``from_config``,
+as ``load_model`` does before it loads the weights) has the right shapes but
+none of the arrays that come with the weights. :func:`require_loaded` makes
+every such object refuse to run with the same clear message until they are
+loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import keras
+
+__all__ = [
+    "KERAS_FLOOR",
+    "KerasSaveable",
+    "NotLoadedError",
+    "is_functional",
+    "require_loaded",
+    "skip_variable_count_check",
+    "sub_layers",
+    "unlocked",
+]
+
+#: The oldest Keras release refimpl is tested on (``pyproject.toml`` says the same).
+KERAS_FLOOR = (3, 15)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+if _version(keras.__version__) < KERAS_FLOOR:
+    raise ImportError(
+        f"refimpl needs Keras >= {'.'.join(map(str, KERAS_FLOOR))}, the oldest "
+        f"release it is tested on. Received: keras {keras.__version__}. "
+        "Upgrade with `pip install -U keras`."
+    )
+
+
+def _private(what: str, getter):
+    try:
+        return getter()
+    except (AttributeError, ImportError) as err:  # pragma: no cover - upgrades
+        raise ImportError(
+            f"refimpl needs {what} from Keras {keras.__version__}, which no "
+            "longer has it. Install a Keras release refimpl is tested on "
+            f"(>= {'.'.join(map(str, KERAS_FLOOR))}) or a newer refimpl."
+        ) from err
+
+
+def _saveable():
+    from keras.src.saving.keras_saveable import KerasSaveable
+
+    return KerasSaveable
+
+
+#: The class Keras' saver walks for ``save_own_variables``/``load_own_variables``.
+KerasSaveable = _private("keras.src.saving.keras_saveable.KerasSaveable", _saveable)
+
+#: What a :data:`KerasSaveable` that is not a layer tells the saver it is, so
+#: that the saver walks no attributes of it (a loss has none to walk).
+SAVEABLE_KIND = "Loss"
+
+
+def _functional():
+    from keras.src.models.functional import Functional
+
+    return Functional
+
+
+_Functional = _private("keras.src.models.functional.Functional", _functional)
+for _name in ("_check_load_own_variables", "_flatten_layers"):
+    _private(f"Layer.{_name}", lambda n=_name: getattr(keras.layers.Layer, n))
+
+
+@contextlib.contextmanager
+def unlocked(layer):
+    """Let a built layer add weights (Keras locks its tracker after ``build``)."""
+    tracker = getattr(layer, "_tracker", None)
+    if tracker is None:
+        raise ImportError(
+            f"refimpl adds weights to built layers through `Layer._tracker`, "
+            f"which Keras {keras.__version__} does not have."
+        )
+    tracker.unlock()
+    try:
+        yield
+    finally:
+        tracker.lock()
+
+
+@contextlib.contextmanager
+def skip_variable_count_check(layer):
+    """Let the plain class's ``load_own_variables`` read a file with fewer weights."""
+    layer._refimpl_skip_count_check = True
+    try:
+        yield
+    finally:
+        layer._refimpl_skip_count_check = False
+
+
+def check_variable_count(layer, store, parent_check) -> None:
+    """The plain class's count check, unless :func:`skip_variable_count_check`."""
+    if not getattr(layer, "_refimpl_skip_count_check", False):
+        parent_check(store)
+
+
+def sub_layers(model) -> list:
+    """Every layer inside ``model``, at any depth, in Keras' order."""
+    return list(model._flatten_layers(include_self=False, recursive=True))
+
+
+def is_functional(model) -> bool:
+    """Whether ``model`` is a graph of layers (``Functional`` or a subclass)."""
+    return isinstance(model, (_Functional, keras.Sequential))
+
+
+class NotLoadedError(ValueError):
+    """An object rebuilt from a config was used before its weights were loaded."""
+
+
+def require_loaded(what: str) -> NotLoadedError:
+    """The one error of the shell protocol: ``raise require_loaded(...)``.
+
+    Args:
+        what: the object, as the user knows it (``"Layer 'dense'"``).
+    """
+    return NotLoadedError(
+        f"{what} was rebuilt from a config without its weights, and its "
+        "arrays (free positions, frozen values, masks) come with them. Load "
+        "the model with `keras.saving.load_model`, or call `load_weights` "
+        "(or `set_weights`) before using it."
+    )

@@ -1,0 +1,535 @@
+"""One mechanism for a Keras layer whose weight is trainable only at some entries.
+
+It is the pattern of Keras' own ``Dense.enable_lora`` and of
+``torch.nn.utils.parametrize``, for every weight-bearing layer Keras ships with
+a ``kernel`` or ``embeddings`` property (``Dense``, ``EinsumDense``, the
+convolutions, ``Embedding``):
+
+* the layer's own weight stays where it is, as the frozen **base**
+  (``trainable=False``);
+* two weights are added: ``partial_free``, the ``k`` trainable values, and
+  ``partial_positions``, their flat positions (non-trainable, int32);
+* the ``kernel`` (or ``embeddings``) property returns the base with the free
+  values written in (:func:`refimpl.ops.compose`), so the layer's own ``call``
+  runs unchanged, and every output equals the original layer's bit for bit
+  until the free values move.
+
+Each partial class is a subclass of the plain one with a name of its own
+(``PartialConv2D``, registered as ``refimpl>PartialConv2D``);
+:class:`PartialDense` is the partial class of ``Dense``, and can also be built
+from a mask. An optimizer sees only the free values: frozen entries keep their
+bits under every optimizer, and the optimizer state is ``k`` values per slot.
+The layer saves what the plain layer saves (the trained weight, composed,
+without touching the base) followed by the positions; :meth:`to_dense` and
+:func:`refimpl.merge` give the plain layer back.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from refimpl import _compat, backend
+from refimpl.masks import describe, to_mask
+from refimpl.ops import (
+    SelectMask,
+    check_mode,
+    compose,
+    index_dtype,
+    mode_for,
+    sparse_matmul,
+    xla_enabled,
+)
+from refimpl.ops import (
+    initializer as _constant,
+)
+
+__all__ = ["PartialDense", "enable_partial", "partial_class", "supported_classes"]
+
+_ELEMENTWISE_REGULARIZERS = (
+    keras.regularizers.L1,
+    keras.regularizers.L2,
+    keras.regularizers.L1L2,
+)
+# A constraint that acts entry by entry gives the free values exactly what it
+# would give the composed weight's free entries.
+_ELEMENTWISE_CONSTRAINTS = (keras.constraints.NonNeg,)
+
+
+class PartialWeightMixin:
+    """What a partial class adds to its Keras class (see the module docstring)."""
+
+    _partial_target = "kernel"
+
+    # -- the weight the layer's call reads ----------------------------------
+    def _partial_value(self, value):
+        free = getattr(self, "partial_free", None)
+        if free is None:
+            return value
+        self._partial_check_loaded()
+        positions = self.partial_positions
+        if self._partial_mode == "select":
+            mask = self._partial_select(positions)
+            return compose(value, positions.value, free.value, mode="select", mask=mask)
+        return compose(value, positions.value, free.value)
+
+    def _partial_base(self):
+        return getattr(self, "_" + self._partial_target)
+
+    # -- creation --------------------------------------------------------------
+    def _partial_add_weights(self, num_free, positions, mode, auto):
+        base = self._partial_base()
+        shape = tuple(base.shape)
+        size = int(np.prod(shape))
+        if mode == "auto":
+            mode = mode_for(num_free, shape, jit_compile=False)
+            auto = mode != "select"
+        if mode == "sparse" and not isinstance(self, PartialDense):
+            raise ValueError(
+                "`mode` 'sparse' is a matrix product, which only a Dense layer "
+                f"computes through its kernel. Received: mode='sparse' for layer "
+                f"{self.name!r} of type {type(self).__name__}"
+            )
+        base.trainable = False
+        flat = None if positions is None else keras.ops.convert_to_numpy(base)
+        if positions is None:  # a shell: the positions come with the weights
+            start_positions = keras.initializers.Constant(size)
+            start_free = "zeros"
+        else:
+            start_positions = _constant(positions)
+            start_free = _constant(
+                flat if mode == "select" else flat.ravel()[positions]
+            )
+        with _compat.unlocked(self):
+            self.partial_free = self.add_weight(
+                name="partial_free",
+                shape=shape if mode == "select" else (num_free,),
+                initializer=start_free,
+                dtype=base.dtype,
+                # An elementwise penalty on the free values gives them the
+                # plain layer's gradient; the frozen part is a constant.
+                regularizer=base.regularizer,
+                constraint=base.constraint,
+            )
+            self.partial_positions = self.add_weight(
+                name="partial_positions",
+                shape=(num_free,),
+                initializer=start_positions,
+                dtype=index_dtype(shape),
+                trainable=False,
+            )
+        self._partial_num_free = int(num_free)
+        self._partial_mode = mode
+        self._partial_auto = bool(auto)
+        self._partial_select = SelectMask(shape)
+        self._partial_loaded = positions is not None
+
+    def build(self, input_shape):
+        super().build(input_shape)
+        shell = getattr(self, "_partial_shell", None)
+        if shell is not None:
+            self._partial_add_weights(shell[0], None, shell[1], shell[2])
+
+    def _partial_check_loaded(self):
+        if self._partial_loaded:
+            return
+        size = int(np.prod(self._partial_base().shape))
+        positions = backend.read_now(self.partial_positions)
+        self._partial_loaded = not np.any(positions >= size)
+        if not self._partial_loaded:
+            raise _compat.require_loaded(f"Layer '{self.name}'")
+
+    # -- what it is --------------------------------------------------------------
+    @property
+    def trainable_mask(self) -> np.ndarray:
+        """The boolean mask of the partial weight (``True`` = trainable)."""
+        self._partial_check_loaded()
+        base = self._partial_base()
+        mask = np.zeros(int(np.prod(base.shape)), bool)
+        mask[backend.read_now(self.partial_positions)] = True
+        return mask.reshape(tuple(base.shape))
+
+    @property
+    def base_weight(self):
+        """The layer's own weight variable, now the frozen base.
+
+        ``layer.kernel`` (``embeddings``) is the composed tensor, as under
+        Keras' LoRA; this is the variable (with its ``path``).
+        """
+        return self._partial_base()
+
+    @property
+    def num_free(self) -> int:
+        """The number of trainable entries of the partial weight."""
+        return self._partial_num_free
+
+    @property
+    def partial_mode(self) -> str:
+        """``"delta"``, ``"sparse"`` or ``"select"``: the form, ``"auto"`` resolved."""
+        return self._partial_mode
+
+    def product_mode(self) -> str:
+        """The form the product uses here: :attr:`partial_mode`, except that a
+        layer built with ``mode="auto"`` chooses again between ``"sparse"``
+        and ``"delta"`` by whether XLA compiles the step being traced."""
+        if not self._partial_auto or not xla_enabled():
+            return self._partial_mode
+        shape = tuple(self._partial_base().shape)
+        return mode_for(self._partial_num_free, shape, jit_compile=True)
+
+    # -- saving ------------------------------------------------------------------
+    def save_own_variables(self, store):
+        if not self.built:
+            return
+        # The plain layer writes its `kernel` property, the composed weight,
+        # and leaves the variables alone, as Keras' LoRA layers do.
+        own: dict = {}
+        super().save_own_variables(own)
+        for key, value in own.items():
+            store[key] = value
+        store[str(len(own))] = self.partial_positions
+
+    def load_own_variables(self, store):
+        keys = sorted(store.keys(), key=int)
+        plain = [v for v in self.variables if not _is_partial_weight(v)]
+        if len(keys) not in (len(plain), len(plain) + 1):
+            raise ValueError(
+                f"Layer '{self.name}' expected {len(plain)} weights (a plain "
+                f"{self._partial_plain_class().__name__} file) or "
+                f"{len(plain) + 1} (with the trainable positions), but the file "
+                f"holds {len(keys)}"
+            )
+        own = {key: store[key] for key in keys[: len(plain)]}
+        if len(keys) == len(plain) + 1:
+            positions = np.asarray(store[keys[-1]])
+            if positions.shape != tuple(self.partial_positions.shape):
+                raise ValueError(
+                    f"Layer '{self.name}' has {self.num_free} trainable "
+                    f"entries, but the file holds {positions.shape[0]}"
+                )
+            self.partial_positions.assign(positions)
+            self._partial_loaded = True
+        with _compat.skip_variable_count_check(self):
+            super().load_own_variables(own)
+        self._partial_check_loaded()
+        base = self._partial_base()
+        if self._partial_mode == "select":
+            self.partial_free.assign(base)
+        else:
+            positions = keras.ops.convert_to_numpy(self.partial_positions)
+            self.partial_free.assign(
+                keras.ops.take(keras.ops.reshape(base, (-1,)), positions)
+            )
+
+    def _check_load_own_variables(self, store):
+        _compat.check_variable_count(self, store, super()._check_load_own_variables)
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config["num_free"] = self._partial_num_free
+        config["mode"] = self._partial_mode
+        config["auto"] = self._partial_auto
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        shell = (config.pop("num_free"), config.pop("mode"), config.pop("auto"))
+        layer = super().from_config(config)
+        layer._partial_shell = shell
+        return layer
+
+    # -- the way out ---------------------------------------------------------------
+    @classmethod
+    def _partial_plain_class(cls):
+        return next(c for c in cls.__mro__ if c in _PLAIN_TO_PARTIAL)
+
+    def to_dense(self):
+        """Return the plain Keras layer with the trained weight, bit for bit.
+
+        Its outputs equal this layer's exactly (a ``Conv2D`` for a
+        ``PartialConv2D``); its weights are copies.
+        """
+        plain_class = self._partial_plain_class()
+        plain = plain_class.from_config(plain_class.get_config(self))
+        plain.build_from_config(self.get_build_config())
+        weights = []
+        for variable in self.variables:
+            if _is_partial_weight(variable):
+                continue
+            value = variable
+            if variable is self._partial_base():
+                value = getattr(self, self._partial_target)
+            # Copies: JAX's trainer donates a model's buffers to its step.
+            weights.append(np.array(keras.ops.convert_to_numpy(value)))
+        plain.set_weights(weights)
+        plain.trainable = self.trainable
+        return plain
+
+
+def _is_partial_weight(variable) -> bool:
+    return variable.path.split("/")[-1] in ("partial_free", "partial_positions")
+
+
+def _composing(plain_class, target):
+    inherited = getattr(plain_class, target)
+
+    def fget(self):
+        return self._partial_value(inherited.fget(self))
+
+    return property(fget, doc=f"The {target}: the frozen base with the free values.")
+
+
+@keras.saving.register_keras_serializable(package="refimpl")
+class PartialDense(PartialWeightMixin, keras.layers.Dense):
+    """A ``keras.layers.Dense`` whose kernel is trainable only in a mask.
+
+    The partial class of ``Dense``: what :func:`refimpl.partialize` and
+    :func:`enable_partial` make of a Dense layer, and the layer to build from
+    a mask. Every ``Dense`` argument works as for Dense; the kernel
+    initializer draws the whole starting kernel (the frozen entries and the
+    free values' start).
+
+    Args:
+        units: the output size, as for Dense.
+        trainable_mask: the trainable kernel entries: a boolean mask of shape
+            ``[input_dim, units]`` or an index list of shape ``[k, 2]``.
+        mode: ``"delta"`` (the default: ``k`` trainable values), ``"sparse"``
+            (the same weights; the product never composes the kernel, the
+            fastest form below a few percent free), ``"select"`` (a
+            kernel-sized trainable weight, filtered) or ``"auto"``
+            (:func:`refimpl.ops.choose_mode`).
+        num_free, auto: only without a mask: the shell ``from_config`` builds,
+            whose positions and values come with the saved weights.
+        **kwargs: every other ``keras.layers.Dense`` argument.
+
+    >>> layer = PartialDense(2, [[0, 0], [2, 1]], use_bias=False)
+    >>> layer.build((None, 3))
+    >>> [(w.name, tuple(w.shape), w.trainable) for w in layer.weights]
+    [('kernel', (3, 2), False), ('partial_free', (2,), True), \
+('partial_positions', (2,), False)]
+    """
+
+    kernel = _composing(keras.layers.Dense, "kernel")
+
+    def __init__(
+        self,
+        units,
+        trainable_mask=None,
+        *,
+        mode: str = "delta",
+        num_free: int | None = None,
+        auto: bool = False,
+        **kwargs,
+    ):
+        super().__init__(units, **kwargs)
+        check_mode(mode)
+        if (trainable_mask is None) == (num_free is None):
+            raise ValueError(
+                "`trainable_mask` is required: a boolean mask of shape "
+                f"[input_dim, {units}] or an index list of shape [k, 2]. (Only "
+                "a shell rebuilt from a config gives `num_free` instead.) "
+                f"Received: trainable_mask={describe(trainable_mask)}, "
+                f"num_free={describe(num_free)}"
+            )
+        _check_constraint(self.kernel_constraint, self.name)
+        self._partial_given = (trainable_mask, mode)
+        if trainable_mask is None:
+            self._partial_shell = (num_free, mode, bool(auto))
+
+    def build(self, input_shape):
+        keras.layers.Dense.build(self, input_shape)
+        shell = getattr(self, "_partial_shell", None)
+        given = getattr(self, "_partial_given", (None, None))
+        if shell is not None:
+            self._partial_add_weights(shell[0], None, shell[1], shell[2])
+        elif given[0] is not None:
+            shape = tuple(self._kernel.shape)
+            mask = to_mask(given[0], shape, name="trainable_mask")
+            positions = np.flatnonzero(mask)
+            self._partial_add_weights(len(positions), positions, given[1], False)
+
+    def call(self, inputs, training=None):
+        if (
+            getattr(self, "partial_free", None) is None
+            or self.product_mode() != "sparse"
+        ):
+            return super().call(inputs, training=training)
+        self._partial_check_loaded()
+        x = sparse_matmul(
+            inputs,
+            self._kernel.value,
+            self.partial_positions.value,
+            self.partial_free.value,
+        )
+        if self.bias is not None:
+            x = keras.ops.add(x, self.bias)
+        return self.activation(x) if self.activation is not None else x
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    @classmethod
+    def from_dense(cls, dense, trainable_mask, *, mode: str = "delta") -> PartialDense:
+        """A partial copy of a built ``keras.layers.Dense``; ``dense`` is unchanged.
+
+        The copy's kernel, bias and outputs equal the Dense layer's, bit for bit.
+
+        >>> dense = keras.layers.Dense(2)
+        >>> dense.build((None, 3))
+        >>> layer = PartialDense.from_dense(dense, np.eye(3, 2, dtype=bool))
+        >>> kernel = keras.ops.convert_to_numpy(layer.kernel)
+        >>> bool(np.array_equal(kernel, keras.ops.convert_to_numpy(dense.kernel)))
+        True
+        """
+        if type(dense) is not keras.layers.Dense or not dense.built:
+            raise TypeError(
+                "`dense` must be a built keras.layers.Dense. "
+                f"Received: dense={describe(dense)}"
+            )
+        copy = keras.layers.Dense.from_config(dense.get_config())
+        copy.build_from_config(dense.get_build_config())
+        copy.set_weights([np.array(w) for w in dense.get_weights()])
+        enable_partial(copy, trainable_mask, mode=mode)
+        return copy
+
+
+_PLAIN_TO_PARTIAL: dict[type, type] = {keras.layers.Dense: PartialDense}
+
+
+def _make(plain_class, target="kernel"):
+    name = f"Partial{plain_class.__name__}"
+    cls = type(
+        name,
+        (PartialWeightMixin, plain_class),
+        {
+            "_partial_target": target,
+            target: _composing(plain_class, target),
+            "__module__": __name__,
+            "__qualname__": name,
+            "__doc__": (
+                f"A ``keras.layers.{plain_class.__name__}`` whose ``{target}`` is "
+                "trainable only at some entries: made by :func:`refimpl.partialize` "
+                "or :func:`refimpl.enable_partial`."
+            ),
+        },
+    )
+    _PLAIN_TO_PARTIAL[plain_class] = keras.saving.register_keras_serializable(
+        package="refimpl", name=name
+    )(cls)
+
+
+for _plain in (
+    keras.layers.EinsumDense,
+    keras.layers.Conv1D,
+    keras.layers.Conv2D,
+    keras.layers.Conv3D,
+):
+    _make(_plain)
+_make(keras.layers.Embedding, "embeddings")
+
+
+def supported_classes() -> tuple[type, ...]:
+    """The Keras layer classes that have a partial class."""
+    return tuple(_PLAIN_TO_PARTIAL)
+
+
+def partial_class(layer_class: type) -> type:
+    """The partial class of a Keras layer class (``PartialDense`` for ``Dense``).
+
+    Raises:
+        TypeError: for a class this mechanism does not support.
+    """
+    if layer_class in _PLAIN_TO_PARTIAL.values():
+        return layer_class
+    if layer_class not in _PLAIN_TO_PARTIAL:
+        raise TypeError(
+            "`layer_class` must be one of the Keras layers with a kernel or an "
+            f"embedding table: {[c.__name__ for c in _PLAIN_TO_PARTIAL]}. "
+            f"Received: {getattr(layer_class, '__name__', describe(layer_class))}"
+        )
+    return _PLAIN_TO_PARTIAL[layer_class]
+
+
+def target_weight(layer):
+    """The variable a partial form of ``layer`` freezes (its kernel, embeddings)."""
+    target = "embeddings" if isinstance(layer, keras.layers.Embedding) else "kernel"
+    return getattr(layer, "_" + target)
+
+
+def _check_constraint(constraint, name) -> None:
+    if constraint is not None and not isinstance(constraint, _ELEMENTWISE_CONSTRAINTS):
+        raise ValueError(
+            f"Layer {name!r} has a kernel constraint, "
+            f"{type(constraint).__name__}, that is not elementwise, so it "
+            "cannot act on the free entries alone (Keras' `enable_lora` refuses "
+            "kernel constraints too). Remove it, or keep it as a full-variable "
+            "technique (`refimpl.FreezeEntries`, `refimpl.MaskedOptimizer`). "
+            f"Received: kernel_constraint={type(constraint).__name__}"
+        )
+
+
+def enable_partial(layer, mask, *, mode: str = "delta") -> None:
+    """Make a built layer's kernel (or embeddings) trainable only in ``mask``.
+
+    In place, like Keras' ``enable_lora``: the layer becomes an instance of
+    its :func:`partial_class`, its weight becomes the frozen base, and its
+    outputs do not change. Compile the model again after converting.
+
+    Args:
+        layer: a built layer of a supported class (not already partial).
+        mask: the trainable entries of its ``kernel`` (``embeddings`` for an
+            ``Embedding``): a boolean mask of the weight's shape or an index
+            list (see :func:`refimpl.masks.to_mask`).
+        mode: ``"delta"``, ``"select"``, ``"auto"``; ``"sparse"`` for ``Dense``.
+
+    Raises:
+        TypeError: for a layer of another class.
+        ValueError: for a layer that is not built, is already partial, uses
+            LoRA or quantization, has a regularizer or constraint that is not
+            elementwise, or a mask that does not fit.
+    """
+    if not isinstance(layer, keras.layers.Layer):
+        raise TypeError(
+            f"`layer` must be a Keras layer. Received: layer={describe(layer)}"
+        )
+    if isinstance(layer, PartialWeightMixin):
+        raise ValueError(
+            f"`layer` is already partially trainable. Received: layer={layer.name!r}"
+        )
+    plain = type(layer)
+    if plain not in _PLAIN_TO_PARTIAL:
+        raise TypeError(
+            f"`layer` must be one of {[c.__name__ for c in _PLAIN_TO_PARTIAL]}, "
+            f"whose weight this mechanism knows. Received: layer {layer.name!r} "
+            f"of type {plain.__name__}"
+        )
+    check_mode(mode)
+    if not layer.built:
+        raise ValueError(
+            f"`layer` must be built (call the model once). Received: {layer.name!r}"
+        )
+    if getattr(layer, "lora_enabled", False) or getattr(
+        layer, "quantization_mode", None
+    ):
+        raise ValueError(
+            f"`layer` uses LoRA or quantization, which a partial weight does "
+            f"not combine with. Received: {layer.name!r}"
+        )
+    base = target_weight(layer)
+    target = base.path.split("/")[-1]
+    if base.regularizer is not None and not isinstance(
+        base.regularizer, _ELEMENTWISE_REGULARIZERS
+    ):
+        raise ValueError(
+            f"`layer` {layer.name!r} has a regularizer on its {target} that is "
+            "not elementwise (L1, L2 or L1L2), so it cannot be split between "
+            f"free and frozen entries. Received: {target}_regularizer="
+            f"{type(base.regularizer).__name__}"
+        )
+    _check_constraint(base.constraint, layer.name)
+    bool_mask = to_mask(mask, tuple(base.shape), name="mask")
+    layer.__class__ = partial_class(plain)
+    positions = np.flatnonzero(bool_mask)
+    layer._partial_add_weights(len(positions), positions, mode, False)

@@ -1,0 +1,302 @@
+"""The tensor operations of a partial weight: compose it, multiply by it, pick a form.
+
+A partial weight is a frozen ``base`` with ``k`` free values at flat
+``positions``. Everything that holds one (:class:`refimpl.PartialVariable`,
+the partial layers of :mod:`refimpl.layers`) builds it with the one
+:func:`compose`, multiplies by it with :func:`sparse_matmul` when it is a
+sparse matrix, and picks its form with :func:`choose_mode`:
+
+* ``"delta"``: ``k`` trainable values scattered into the base;
+* ``"sparse"`` (a matrix): the same weights, and ``x @ W`` computed as
+  ``x @ base + x @ S`` with ``S`` the sparse matrix of the free values'
+  differences from the base, never composing ``W``;
+* ``"select"``: a full-size trainable tensor, ``where(mask, free, base)``.
+
+Everything is ``keras.ops``, so it runs on every Keras backend.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from refimpl import backend
+from refimpl.masks import describe, normalize_shape, to_mask
+
+__all__ = [
+    "MODES",
+    "SELECT_ABOVE_DENSITY",
+    "SPARSE_BELOW_DENSITY",
+    "SPARSE_BELOW_DENSITY_XLA",
+    "check_mode",
+    "choose_mode",
+    "compose",
+    "sparse_matmul",
+    "xla_enabled",
+]
+
+#: Density (fraction of free entries) from which ``"select"`` is chosen.
+#: Measured for one training step (forward, gradient, Adam update) with a batch
+#: of 64 on a 2-core CPU, at n = 4096, without XLA: the delta step grows with
+#: the number of free values and overtakes the select step between 10% and 15%
+#: free (the delta was ahead at 10% in every run, the runs disagreed at 15%).
+#: The benchmark's ``partial_delta`` and ``partial_select`` rows (``cpu.csv``,
+#: ``cpu_crossover.csv``) are the committed evidence.
+SELECT_ABOVE_DENSITY = 0.125
+
+#: Density below which the sparse product is chosen for a matrix, without
+#: XLA: its ``[k, batch]`` temporaries reach one n x n matrix at about 0.5%
+#: with a batch of 64 (``partial_sparse`` rows of the benchmark).
+SPARSE_BELOW_DENSITY = 0.005
+
+#: The same threshold when XLA compiles the step (``jit_compile=True``, and
+#: always under JAX): XLA's scatter-add on the CPU is slower, and the sparse
+#: and delta steps cross near 0.3%.
+SPARSE_BELOW_DENSITY_XLA = 0.003
+
+#: The forms of a partial weight, and ``"auto"``, which picks one.
+MODES = ("delta", "sparse", "select", "auto")
+
+
+def check_mode(mode, *, allowed=MODES, name: str = "mode") -> str:
+    """Return ``mode`` if it is one of ``allowed``; raise a clear error otherwise."""
+    if not isinstance(mode, str):
+        raise TypeError(
+            f"`{name}` must be one of {allowed}. Received: {name}={describe(mode)}"
+        )
+    if mode not in allowed:
+        raise ValueError(
+            f"`{name}` must be one of {allowed}. Received: {name}={describe(mode)}"
+        )
+    return mode
+
+
+def compose(base, positions, free, *, mode: str = "delta", mask=None):
+    """Return ``base`` with the free values written in: the one composition.
+
+    Args:
+        base: the dense tensor of fixed values.
+        positions: where the free values go. Static (NumPy, a list): a 1-D
+            list of flat row-major positions, an index list of shape
+            ``[k, rank]``, or a boolean mask (row-major order); checked. A
+            backend tensor or variable: flat positions, used as they are
+            (what layers pass inside a step).
+        free: for ``"delta"``, the ``k`` free values in the order of
+            ``positions``, cast to ``base``'s dtype; for ``"select"``, a
+            tensor of ``base``'s shape whose entries at ``positions`` are used.
+        mode: ``"delta"`` (a scatter) or ``"select"`` (``where``).
+        mask: for ``"select"`` inside a step: the boolean mask as a tensor,
+            so that it is not scattered again from ``positions``.
+
+    Returns:
+        A tensor of ``base``'s shape and dtype: the free values at their
+        positions, ``base``'s values everywhere else, bit for bit.
+
+    Raises:
+        ValueError: for an unknown mode, bad positions, or a ``free`` of the
+            wrong shape.
+
+    >>> base = np.array([[1.0, 2.0], [3.0, 4.0]], "float32")
+    >>> keras.ops.convert_to_numpy(compose(base, [[0, 1]], np.float32([9.0])))
+    array([[1., 9.],
+           [3., 4.]], dtype=float32)
+    >>> keras.ops.convert_to_numpy(compose(base, [3], np.float32([0.0])))
+    array([[1., 2.],
+           [3., 0.]], dtype=float32)
+    """
+    check_mode(mode, allowed=("delta", "select"))
+    base = keras.ops.convert_to_tensor(base)
+    shape = tuple(base.shape)
+    if not (keras.ops.is_tensor(positions) or backend.is_variable(positions)):
+        positions = flat_positions(positions, shape, name="positions")
+        expected = (len(positions),) if mode == "delta" else shape
+        if tuple(keras.ops.shape(free)) != expected:
+            raise ValueError(
+                f'With mode="{mode}", `free` must have shape {expected}. '
+                f"Received: free.shape={tuple(keras.ops.shape(free))}"
+            )
+        positions = keras.ops.convert_to_tensor(positions, index_dtype(shape))
+    free = keras.ops.cast(free, base.dtype)
+    if mode == "select":
+        if mask is None:
+            mask = scattered_mask(positions, shape)
+        return keras.ops.where(mask, free, base)
+    flat = keras.ops.reshape(base, (-1,))
+    index = keras.ops.expand_dims(positions, -1)
+    return keras.ops.reshape(keras.ops.scatter_update(flat, index, free), shape)
+
+
+def flat_positions(positions, shape, *, name: str = "positions") -> np.ndarray:
+    """Validate static positions (flat, index list or mask); return flat ones."""
+    shape = normalize_shape(shape, name=f"{name} shape")
+    array = np.asarray(keras.ops.convert_to_numpy(positions))
+    if array.ndim == 1 and array.size and np.issubdtype(array.dtype, np.integer):
+        size = int(np.prod(shape))
+        if len(shape) != 1:
+            if array.min() < 0 or array.max() >= size:
+                raise ValueError(
+                    f"`{name}` holds flat positions, which must lie in [0, "
+                    f"{size}) for a tensor of shape {shape}. Received: "
+                    f"{name}={describe(array)}"
+                )
+            if len(np.unique(array)) != len(array):
+                raise ValueError(f"`{name}` names a position twice: {describe(array)}")
+            return array.astype(np.int64)
+        array = array.reshape(-1, 1)
+    mask = to_mask(array, shape, name=name, indices_expected=True)
+    if array.size and np.issubdtype(array.dtype, np.integer):
+        return np.ravel_multi_index(tuple(array.T), shape).astype(np.int64)
+    return np.flatnonzero(mask)
+
+
+def initializer(array, fill=0):
+    """A Keras initializer that gives ``array`` (``fill`` everywhere for ``None``)."""
+    if array is None:
+        return keras.initializers.Constant(fill)
+    return lambda shape, dtype=None: keras.ops.cast(np.asarray(array), dtype)
+
+
+def index_dtype(shape) -> str:
+    """``int32`` positions where they fit, ``int64`` above 2**31 entries."""
+    return "int32" if int(np.prod(shape)) < 2**31 else "int64"
+
+
+def scattered_mask(positions, shape):
+    """The boolean mask of flat ``positions``, built in the graph."""
+    size = int(np.prod(shape))
+    ones = keras.ops.ones(tuple(positions.shape), "int32")
+    flat = keras.ops.scatter(keras.ops.expand_dims(positions, -1), ones, (size,))
+    return keras.ops.reshape(keras.ops.greater(flat, 0), shape)
+
+
+def sparse_matmul(x, base, positions, free):
+    """``x @ W`` for ``W`` = ``base`` with ``free[i]`` at flat ``positions[i]``.
+
+    ``x @ S`` is a gather of the ``k`` needed rows of ``xᵀ``, a product by
+    the differences ``free - base[positions]`` and a scatter-add into the
+    output columns: O(batch·k), with no n² temporary, and autodiff gives the
+    sampled gradient of the free values. The result has the shape of
+    ``x @ W`` for any rank of ``x``, a 1-D ``x`` included.
+
+    >>> base = np.array([[1.0, 2.0], [3.0, 4.0]], "float32")
+    >>> x = np.array([[1.0, 1.0]], "float32")
+    >>> y = sparse_matmul(x, base, np.array([1], "int32"), np.float32([9.0]))
+    >>> keras.ops.convert_to_numpy(y)  # x @ [[1, 9], [3, 4]]
+    array([[ 4., 13.]], dtype=float32)
+    """
+    n_in, n_out = (int(d) for d in base.shape)
+    x = keras.ops.convert_to_tensor(x)
+    lead = tuple(x.shape[:-1])
+    flat_x = keras.ops.reshape(x, (-1, n_in))
+    dtype = flat_x.dtype
+    base = keras.ops.cast(keras.ops.convert_to_tensor(base), dtype)
+    free = keras.ops.cast(keras.ops.convert_to_tensor(free), dtype)
+    positions = keras.ops.convert_to_tensor(positions)
+    delta = free - keras.ops.take(keras.ops.reshape(base, (-1,)), positions)
+    rows = keras.ops.floor_divide(positions, n_out)
+    cols = positions - rows * n_out
+    picked = keras.ops.take(keras.ops.transpose(flat_x), rows, axis=0)
+    added = keras.ops.segment_sum(
+        picked * keras.ops.expand_dims(delta, -1), cols, num_segments=n_out
+    )
+    y = keras.ops.matmul(flat_x, base) + keras.ops.transpose(added)
+    if len(lead) == 1:
+        return y
+    if not lead:  # a single input vector: a single output vector
+        return keras.ops.reshape(y, (n_out,))
+    return keras.ops.reshape(y, (-1, *lead[1:], n_out))
+
+
+def xla_enabled() -> bool:
+    """Whether the code being traced is compiled by XLA.
+
+    Always under JAX, never under PyTorch; under TensorFlow, inside a function
+    with ``jit_compile=True``.
+    """
+    if backend.name == "jax":
+        return True
+    if backend.name != "tensorflow":
+        return False
+    from refimpl.backend.sparse_tensorflow import in_xla_context
+
+    return in_xla_context()
+
+
+def choose_mode(mask, *, jit_compile: bool = False) -> str:
+    """Return the fastest exact form for ``mask``: sparse, delta or select.
+
+    By the fraction of free entries (the density): ``"sparse"`` below
+    :data:`SPARSE_BELOW_DENSITY` (:data:`SPARSE_BELOW_DENSITY_XLA` with
+    ``jit_compile=True``) for a matrix; ``"select"`` from
+    :data:`SELECT_ABOVE_DENSITY` on; ``"delta"`` in between.
+
+    Args:
+        mask: a boolean or 0.0/1.0 mask (``True`` = free); not an index list,
+            whose density depends on a shape it does not give.
+        jit_compile: whether the step is compiled by XLA.
+
+    >>> choose_mode(np.eye(10, dtype=bool))  # 10% free
+    'delta'
+    >>> choose_mode(np.eye(1000, dtype=bool))  # 0.1% free
+    'sparse'
+    >>> choose_mode(np.ones((4, 4), dtype=bool))
+    'select'
+    """
+    if not isinstance(jit_compile, (bool, np.bool_)):
+        raise TypeError(
+            f"`jit_compile` must be a bool. Received: jit_compile={describe(jit_compile)}"
+        )
+    array = np.asarray(keras.ops.convert_to_numpy(mask))
+    if array.dtype != bool and not np.issubdtype(array.dtype, np.floating):
+        raise TypeError(
+            "`mask` must be a boolean (or 0.0/1.0) mask, so that its density is "
+            f"known. Received: mask={describe(array)}"
+        )
+    array = to_mask(array, array.shape)
+    return mode_for(int(array.sum()), array.shape, jit_compile=bool(jit_compile))
+
+
+def mode_for(num_free: int, shape, *, jit_compile: bool) -> str:
+    """:func:`choose_mode` from a count and a shape."""
+    size = int(np.prod(shape))
+    density = num_free / size if size else 0.0
+    if density >= SELECT_ABOVE_DENSITY:
+        return "select"
+    below = SPARSE_BELOW_DENSITY_XLA if jit_compile else SPARSE_BELOW_DENSITY
+    return "sparse" if len(shape) == 2 and density < below else "delta"
+
+
+class SelectMask:
+    """The select form's mask, from a positions variable, cheap inside a step.
+
+    The mask of the positions the variable holds when the step is traced is a
+    constant, with an O(k) check in every step that they still hold them;
+    only if they do not (weights reloaded into a traced step) is it scattered
+    again from the positions, in the graph. (A scatter of k entries into n²
+    costs more than the rest of the select form.)
+    """
+
+    def __init__(self, shape):
+        self._shape = tuple(shape)
+        self._cache = None
+
+    def __call__(self, positions_variable):
+        positions = positions_variable.value
+        known = backend.try_read_now(positions_variable)
+        if known is None:  # JAX inside `fit`: the positions are traced state
+            if self._cache is None:
+                return scattered_mask(positions, self._shape)
+            known = self._cache[0]  # still checked against them below
+        if self._cache is None or not np.array_equal(self._cache[0], known):
+            mask = np.zeros(int(np.prod(self._shape)), bool)
+            mask[known] = True
+            self._cache = (known, mask.reshape(self._shape))
+        known, mask = self._cache
+        same = keras.ops.all(
+            keras.ops.equal(positions, keras.ops.convert_to_tensor(known))
+        )
+        return keras.ops.cond(
+            same,
+            lambda: backend.bool_constant(mask),
+            lambda: scattered_mask(positions, self._shape),
+        )
