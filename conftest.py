@@ -22,8 +22,8 @@ _BACKENDS = ("tensorflow", "jax", "torch")
 import pytest  # noqa: E402
 
 _TENSORFLOW_LEVEL = (
-    "refimpl/stop_gradient.py",
-    "refimpl/scipy_optimize.py",
+    "refimpl/tf/stop_gradient.py",
+    "refimpl/tf/scipy_optimize.py",
     "evidence",
 )
 

@@ -132,7 +132,7 @@ def full_masked(*, restore_frozen: bool):
         w = tf.Variable(init)
 
         def apply(optimizer, grads):
-            refimpl.apply_masked_gradients(
+            refimpl.optimizers.apply_masked_gradients(
                 optimizer, [(grads[0], w)], [(w, mask)], restore_frozen=restore_frozen
             )
 

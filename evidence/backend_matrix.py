@@ -197,7 +197,7 @@ def train_one(technique: str, optimizer: str, *, steps: int = 3) -> Cell:
     before = _kernel(model)
     model.compile(opt, "mse")
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
-    changed = refimpl.moved(before, _kernel(model))
+    changed = refimpl.testing.moved(before, _kernel(model))
     return Cell(
         backend=keras.backend.backend(),
         technique=technique,

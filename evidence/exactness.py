@@ -174,7 +174,7 @@ def frozen_drift(
     batch as ``y = x @ W``; the loss is the mean squared distance to a random
     target, so every entry of ``W`` has a non-zero gradient. After ``steps``
     optimizer steps the dense weight is compared with its starting value bit
-    for bit (:func:`refimpl.moved`). A structured layer holds only its free
+    for bit (:func:`refimpl.testing.moved`). A structured layer holds only its free
     values, so its frozen entries start (and stay) at zero.
 
     Args:
@@ -246,7 +246,7 @@ def frozen_drift(
         logger.setLevel(level)
     after = _numpy(weight())
     return Drift(
-        moved=int((refimpl.moved(before, after) & ~mask).sum()),
+        moved=int((refimpl.testing.moved(before, after) & ~mask).sum()),
         frozen=int((~mask).sum()),
         nonfinite=int((~np.isfinite(after)).sum()),
         before=before,
@@ -292,7 +292,7 @@ def _check(technique, optimizer, mask, steps, dtype, execution):
             "`mask` must be a square mask of a non-empty 2-D weight. "
             f"Received a mask of shape {array.shape}"
         )
-    mask = refimpl.to_mask(array, array.shape)
+    mask = refimpl.masks.to_mask(array, array.shape)
     if technique.mask == "band":
         _cases.band_widths(mask)
     elif technique.mask == "diagonal":

@@ -129,7 +129,7 @@ TECHNIQUES: tuple[Technique, ...] = (
         label="mask stop_gradient",
         family=RESTRICT,
         exact=False,
-        setup=cases.full_blocked(refimpl.partially_trainable),
+        setup=cases.full_blocked(refimpl.tf.partially_trainable),
         benchmark=Benchmark(
             cases.bench_blocked("partially_trainable"), RESTRICT, "fixed"
         ),
@@ -139,7 +139,7 @@ TECHNIQUES: tuple[Technique, ...] = (
         label="one-hot stop_gradient",
         family=RESTRICT,
         exact=False,
-        setup=cases.full_blocked(refimpl.one_hot_trainable),
+        setup=cases.full_blocked(refimpl.tf.one_hot_trainable),
         benchmark=Benchmark(
             cases.bench_blocked("one_hot_trainable"), RESTRICT, "swept"
         ),

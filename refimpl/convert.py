@@ -23,7 +23,7 @@ def partialize(model, layer_masks, *, in_place: bool = False, mode: str = "delta
 
     Every chosen layer (``Dense``, ``EinsumDense``, the convolutions and
     ``Embedding``) gets a partially trainable weight (see
-    :mod:`refimpl.partial_layers`); every other layer is left exactly as it
+    :mod:`refimpl.layers.partial`); every other layer is left exactly as it
     was: its weights, its ``trainable`` status, BatchNorm's inference mode,
     its regularizers. Before any training the new model's outputs equal the
     original's bit for bit.
@@ -134,22 +134,27 @@ def _resolve(model, masks):
         for layer in found:
             if id(layer) in seen:
                 raise ValueError(
-                    f"`layer_masks[{key!r}]` names layer {layer.path or layer.name!r}, which "
+                    f"`layer_masks[{key!r}]` names layer {_where(layer)}, which "
                     "another key names too: give each layer one mask"
                 )
             seen.add(id(layer))
             if isinstance(layer, PartialWeightMixin):
                 raise ValueError(
-                    f"`layer_masks[{key!r}]` names layer {layer.path or layer.name!r}, which "
+                    f"`layer_masks[{key!r}]` names layer {_where(layer)}, which "
                     "is already partially trainable"
                 )
             if type(layer) not in supported_classes():
                 raise TypeError(
-                    f"`layer_masks[{key!r}]` names layer {layer.path or layer.name!r} of type "
+                    f"`layer_masks[{key!r}]` names layer {_where(layer)} "
+                    "of type "
                     f"{type(layer).__name__}, which partialize cannot convert; it "
                     f"converts {[c.__name__ for c in supported_classes()]}"
                 )
             yield key, layer, mask
+
+
+def _where(layer) -> str:
+    return repr(layer.path or layer.name)
 
 
 def _names(layer, key: str) -> bool:

@@ -231,7 +231,7 @@ def to_mask(
                 f"{shape}. Integer arrays are read as index lists of shape "
                 f"[k, {len(shape)}], so this one is ambiguous; pass a boolean "
                 f"mask (for example `{name}.astype(bool)`), or call "
-                f"`refimpl.indices_to_mask` for indices. "
+                f"`refimpl.masks.indices_to_mask` for indices. "
                 f"Received: {name}={_short(array)}"
             )
         return indices_to_mask(array, shape, name=name)
@@ -387,13 +387,15 @@ def variable_pairs(items, *, name: str, slot: int, kind: str) -> list[tuple]:
     """
     if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
         raise TypeError(
-            f"`{name}` must be a list of {kind} pairs. Received: {name}={describe(items)}"
+            f"`{name}` must be a list of {kind} pairs. Received: "
+            f"{name}={describe(items)}"
         )
     pairs = []
     for i, pair in enumerate(items):
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
             raise TypeError(
-                f"`{name}[{i}]` must be a {kind} pair. Received: {name}[{i}]={describe(pair)}"
+                f"`{name}[{i}]` must be a {kind} pair. Received: "
+                f"{name}[{i}]={describe(pair)}"
             )
         if not backend.is_variable(pair[slot]):
             where = "start" if slot == 0 else "end"

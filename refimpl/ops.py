@@ -244,7 +244,8 @@ def choose_mode(mask, *, jit_compile: bool = False) -> str:
     """
     if not isinstance(jit_compile, (bool, np.bool_)):
         raise TypeError(
-            f"`jit_compile` must be a bool. Received: jit_compile={describe(jit_compile)}"
+            "`jit_compile` must be a bool. Received: "
+            f"jit_compile={describe(jit_compile)}"
         )
     array = np.asarray(keras.ops.convert_to_numpy(mask))
     if array.dtype != bool and not np.issubdtype(array.dtype, np.floating):

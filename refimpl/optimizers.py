@@ -145,7 +145,8 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         if not isinstance(optimizer, keras.optimizers.Optimizer):
             raise TypeError(
                 "`optimizer` must be a Keras optimizer, such as "
-                f"keras.optimizers.Adam(1e-3). Received: optimizer={describe(optimizer)}"
+                "keras.optimizers.Adam(1e-3). Received: "
+                f"optimizer={describe(optimizer)}"
             )
         if not isinstance(restore_frozen, bool):
             raise TypeError(

@@ -233,7 +233,8 @@ def block_mask(shape, row_sizes, col_sizes, blocks) -> np.ndarray:
         i, j = block
         if not (0 <= i < len(edges[0]) - 1 and 0 <= j < len(edges[1]) - 1):
             raise ValueError(
-                f"`blocks[{n}]` is outside the grid. Received: blocks[{n}]={describe(block)}"
+                f"`blocks[{n}]` is outside the grid. Received: "
+                f"blocks[{n}]={describe(block)}"
             )
         mask[edges[0][i] : edges[0][i + 1], edges[1][j] : edges[1][j + 1]] = True
     return mask
@@ -259,7 +260,8 @@ def _count(k, fraction, size: int) -> int:
         )
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(
-            f"`fraction` must be between 0 and 1. Received: fraction={describe(fraction)}"
+            "`fraction` must be between 0 and 1. Received: "
+            f"fraction={describe(fraction)}"
         )
     return int(round(fraction * size))
 

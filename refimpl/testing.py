@@ -27,7 +27,8 @@ def _numpy(value, name: str) -> np.ndarray:
     # Any fixed-size dtype is fine, including ml_dtypes' bfloat16.
     if array.dtype == object or array.dtype.itemsize == 0:
         raise TypeError(
-            f"`{name}` must be a numeric array or tensor. Received: {name}={describe(value)}"
+            f"`{name}` must be a numeric array or tensor. Received: "
+            f"{name}={describe(value)}"
         )
     return array
 
@@ -157,7 +158,8 @@ def count_optimizer_state(optimizer) -> int:
 
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
-            f"`optimizer` must be a Keras optimizer. Received: optimizer={describe(optimizer)}"
+            "`optimizer` must be a Keras optimizer. Received: "
+            f"optimizer={describe(optimizer)}"
         )
     if not optimizer.built:
         raise ValueError(

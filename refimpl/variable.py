@@ -49,7 +49,7 @@ class PartialVariable(keras.layers.Layer):
     it works wherever Keras tracks layers. Create it in your layer's
     ``build`` and keep it as an attribute; Keras then trains ``.free`` in
     ``fit``, counts it in ``summary()`` and
-    :func:`refimpl.count_free_parameters`, and saves all three weights in
+    :func:`refimpl.testing.count_free_parameters`, and saves all three weights in
     ``.keras`` and ``.weights.h5`` files. In a custom loop, pass
     ``pv.trainable_variables`` to the optimizer; ``tf.train.Checkpoint``
     saves it too.
@@ -71,7 +71,7 @@ class PartialVariable(keras.layers.Layer):
       free values' gradient is a sampled product, O(batch·k). Fastest when a
       few percent or fewer of the entries are free. :meth:`value` composes
       the matrix as ``"delta"`` does.
-    * ``"auto"``: :func:`refimpl.ops.choose_mode` picks one of the three by density. When
+    * ``"auto"``: :func:`refimpl.ops.choose_mode` picks one of the three. When
       it picks ``"sparse"`` or ``"delta"`` (the same weights), :meth:`matmul`
       chooses again between the two when it is traced, by whether XLA
       compiles it (:data:`SPARSE_BELOW_DENSITY_XLA`); :attr:`auto` is then
@@ -153,7 +153,8 @@ class PartialVariable(keras.layers.Layer):
                 raise ValueError(
                     f"`{extra}` is only for a shell rebuilt from a config, "
                     "which has no `initial_value` or `mask`: give one or the "
-                    f"other. Received: shape={describe(shape)}, num_free={describe(num_free)}"
+                    f"other. Received: shape={describe(shape)}, "
+                    f"num_free={describe(num_free)}"
                 )
             value = _float_array(initial_value)
             shape = tuple(value.shape)

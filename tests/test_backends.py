@@ -71,9 +71,9 @@ def test_partialize_trains_only_the_mask_under_fit(optimizer):
     before = numpy(model.get_layer("dense").kernel)
     fit(model, optimizer=optimizers[optimizer])
     after = numpy(model.get_layer("dense").kernel)
-    refimpl.assert_frozen(before, after, MASK)
-    assert refimpl.moved(before, after)[MASK].all()
-    assert refimpl.count_free_parameters(model) == MASK.sum() + 4  # + the bias
+    refimpl.testing.assert_frozen(before, after, MASK)
+    assert refimpl.testing.moved(before, after)[MASK].all()
+    assert refimpl.testing.count_free_parameters(model) == MASK.sum() + 4  # + the bias
 
 
 def test_every_supported_layer_converts_and_keeps_its_outputs():
@@ -107,8 +107,8 @@ def test_every_supported_layer_converts_and_keeps_its_outputs():
     fit(converted, x, y, optimizer=keras.optimizers.Adam(0.05))
     for name, mask in masks.items():
         after = numpy(converted.get_layer(name).base_weight)
-        refimpl.assert_frozen(before[name], after, mask)
-        assert refimpl.moved(before[name], composed(name))[mask].any(), name
+        refimpl.testing.assert_frozen(before[name], after, mask)
+        assert refimpl.testing.moved(before[name], composed(name))[mask].any(), name
     merged = refimpl.merge(converted)
     np.testing.assert_array_equal(numpy(merged(x)), numpy(converted(x)))
 
@@ -135,8 +135,8 @@ def test_the_structured_layers_train_and_keep_their_structure():
             "block": selection.block_mask((6, 6), [2, 4], [3, 3], [(0, 0), (1, 1)]),
             "partial": np.eye(6, dtype=bool),
         }[name]
-        refimpl.assert_frozen(before, after, structure)
-        assert refimpl.moved(before, after)[structure].any(), name
+        refimpl.testing.assert_frozen(before, after, structure)
+        assert refimpl.testing.moved(before, after)[structure].any(), name
         np.testing.assert_allclose(
             numpy(model(x)), x @ after, rtol=1e-5, atol=1e-5, err_msg=name
         )
@@ -163,9 +163,9 @@ def test_a_partial_variable_inside_a_custom_layer_trains_under_fit():
     before = numpy(layer.w.value())
     fit(model)
     after = numpy(layer.w.value())
-    refimpl.assert_frozen(before, after, MASK)
-    assert refimpl.moved(before, after)[MASK].all()
-    assert refimpl.count_free_parameters(model) == MASK.sum()
+    refimpl.testing.assert_frozen(before, after, MASK)
+    assert refimpl.testing.moved(before, after)[MASK].all()
+    assert refimpl.testing.count_free_parameters(model) == MASK.sum()
 
 
 def test_freeze_entries_keeps_the_frozen_bits_under_adamw():
@@ -179,7 +179,7 @@ def test_freeze_entries_keeps_the_frozen_bits_under_adamw():
     model = keras.Sequential([keras.Input((6,)), layer])
     before = numpy(layer.kernel)
     fit(model)
-    refimpl.assert_frozen(before, numpy(layer.kernel), MASK)
+    refimpl.testing.assert_frozen(before, numpy(layer.kernel), MASK)
 
 
 @pytest.mark.parametrize("restore_frozen", [False, True])
@@ -196,8 +196,8 @@ def test_masked_optimizer_under_fit(restore_frozen):
     )
     before = numpy(kernel)
     fit(model, optimizer=optimizer)
-    refimpl.assert_frozen(before, numpy(kernel), MASK)
-    assert refimpl.moved(before, numpy(kernel))[MASK].all()
+    refimpl.testing.assert_frozen(before, numpy(kernel), MASK)
+    assert refimpl.testing.moved(before, numpy(kernel))[MASK].all()
     assert int(numpy(optimizer.iterations)) == 8
 
 
@@ -210,16 +210,18 @@ def test_masked_optimizer_without_restore_lets_weight_decay_move_frozen_entries(
     )
     before = numpy(kernel)
     fit(model, optimizer=optimizer)
-    assert refimpl.moved(before, numpy(kernel))[~MASK].all()
+    assert refimpl.testing.moved(before, numpy(kernel))[~MASK].all()
 
 
 def test_apply_masked_gradients_in_a_custom_step():
     w = keras.Variable(np.ones((2, 3), "float32"))
     mask = np.array([[True, False, True], [False, True, False]])
     grad = keras.ops.convert_to_tensor(np.full((2, 3), 2.0, "float32"))
-    refimpl.apply_masked_gradients(keras.optimizers.SGD(0.1), [(grad, w)], [(w, mask)])
+    refimpl.optimizers.apply_masked_gradients(
+        keras.optimizers.SGD(0.1), [(grad, w)], [(w, mask)]
+    )
     np.testing.assert_array_equal(numpy(w), np.where(mask, 0.8, 1.0).astype("float32"))
-    [(masked, _)] = refimpl.mask_gradients([(grad, w)], [(w, mask)])
+    [(masked, _)] = refimpl.optimizers.mask_gradients([(grad, w)], [(w, mask)])
     np.testing.assert_array_equal(numpy(masked), np.where(mask, 2.0, 0.0))
 
 
@@ -241,21 +243,27 @@ def test_fisher_scores_are_squared_batch_gradients():
 
 def test_structured_builders_and_products():
     d = np.array([1.0, -2.0, 3.0], "float32")
-    np.testing.assert_array_equal(numpy(refimpl.diagonal(d)), np.diag(d))
+    np.testing.assert_array_equal(numpy(refimpl.structured.diagonal(d)), np.diag(d))
     diagonals, offsets = [d, np.float32([4.0, 5.0])], [0, -1]
     dense = np.diag(d) + np.diag([4.0, 5.0], -1)
-    np.testing.assert_array_equal(numpy(refimpl.banded(diagonals, offsets)), dense)
+    np.testing.assert_array_equal(
+        numpy(refimpl.structured.banded(diagonals, offsets)), dense
+    )
     x = RNG.normal(size=(5, 3)).astype("float32")
     np.testing.assert_allclose(
-        numpy(refimpl.banded_matmul(x, diagonals, offsets)), x @ dense, rtol=1e-6
+        numpy(refimpl.structured.banded_matmul(x, diagonals, offsets)),
+        x @ dense,
+        rtol=1e-6,
     )
     rows = [[None, np.eye(1, dtype="float32")], [np.ones((2, 1), "float32"), None]]
     np.testing.assert_array_equal(
-        numpy(refimpl.block(rows)),
+        numpy(refimpl.structured.block(rows)),
         np.block([[np.zeros((1, 1)), 1], [np.ones((2, 1)), np.zeros((2, 1))]]),
     )
     np.testing.assert_allclose(
-        numpy(refimpl.block_matmul(x, rows)), x @ numpy(refimpl.block(rows)), rtol=1e-6
+        numpy(refimpl.structured.block_matmul(x, rows)),
+        x @ numpy(refimpl.structured.block(rows)),
+        rtol=1e-6,
     )
 
 
@@ -269,7 +277,7 @@ def test_keras_round_trip_keeps_training_exactly(tmp_path):
         np.testing.assert_array_equal(numpy(a), numpy(b))
     before = numpy(loaded.get_layer("dense").kernel)
     loaded.fit(X, Y, batch_size=8, epochs=1, verbose=0, shuffle=False)
-    refimpl.assert_frozen(before, numpy(loaded.get_layer("dense").kernel), MASK)
+    refimpl.testing.assert_frozen(before, numpy(loaded.get_layer("dense").kernel), MASK)
 
 
 # --- across backends: a .keras file saved under one loads under another --------
@@ -323,8 +331,8 @@ def test_a_model_saved_under_another_backend_loads_and_trains_exactly_here(tmp_p
     before = numpy(loaded.get_layer("dense").kernel)
     loaded.fit(X, Y, batch_size=8, epochs=1, verbose=0, shuffle=False)
     after = numpy(loaded.get_layer("dense").kernel)
-    refimpl.assert_frozen(before, after, mask)
-    assert refimpl.moved(before, after)[mask].all()
+    refimpl.testing.assert_frozen(before, after, mask)
+    assert refimpl.testing.moved(before, after)[mask].all()
 
 
 @pytest.mark.tensorflow_only
@@ -333,13 +341,13 @@ def test_tensorflow_level_code_says_which_backend_it_needs():
     code = """
     import refimpl
     try:
-        refimpl.partially_trainable
+        refimpl.tf.partially_trainable
     except ImportError as err:
         assert "KERAS_BACKEND=tensorflow" in str(err), err
     else:
         raise SystemExit("no ImportError")
     try:
-        import refimpl.stop_gradient
+        import refimpl.tf.stop_gradient
     except ImportError as err:
         assert "TensorFlow backend" in str(err), err
     else:
@@ -362,8 +370,8 @@ def test_masked_optimizer_stateless_apply_keeps_the_frozen_entries():
     state = [v.value for v in optimizer.variables]
     new_weights, new_state = optimizer.stateless_apply(state, grads, [w.value])
     new = numpy(new_weights[0])
-    refimpl.assert_frozen(np.ones((2, 3), "float32"), new, mask)
-    assert refimpl.moved(np.ones((2, 3), "float32"), new)[mask].all()
+    refimpl.testing.assert_frozen(np.ones((2, 3), "float32"), new, mask)
+    assert refimpl.testing.moved(np.ones((2, 3), "float32"), new)[mask].all()
     if BACKEND == "jax":  # (Keras' torch optimizers update in place even here)
         np.testing.assert_array_equal(numpy(w), np.ones((2, 3)))
     assert len(new_state) == len(optimizer.variables)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given
 
-from refimpl import FreezeEntries, assert_frozen, moved
+from refimpl import FreezeEntries
+from refimpl.testing import assert_frozen, moved
 from tests.strategies import shape_and_mask
 
 pytestmark = pytest.mark.every_backend

@@ -74,7 +74,7 @@ def test_to_dense_copies_the_kernel_and_bias_bit_for_bit(name):
     np.testing.assert_array_equal(_bits(dense.kernel), _bits(layer.kernel))
     if layer.use_bias:
         np.testing.assert_array_equal(_bits(dense.bias), _bits(layer.bias))
-    assert refimpl.count_free_parameters(dense) == dense.count_params()
+    assert refimpl.testing.count_free_parameters(dense) == dense.count_params()
 
 
 @pytest.mark.parametrize("name", list(LAYERS))

@@ -25,7 +25,7 @@ import pytest
 import tensorflow as tf
 
 from evidence import distributed, registry
-from refimpl import assert_frozen
+from refimpl.testing import assert_frozen
 
 TIMEOUT_S = 120
 # The results of n replicas differ from one device only in the order of a sum.
@@ -83,7 +83,7 @@ for name in sys.argv[2:]:
         optimizer.build([w])
     def step():
         grads_and_vars = [(tf.ones((2, 2)), w)]
-        refimpl.apply_masked_gradients(
+        refimpl.optimizers.apply_masked_gradients(
             optimizer, grads_and_vars, [(w, np.eye(2, dtype=bool))], restore_frozen=True
         )
     tf.function(lambda: strategy.run(step))()

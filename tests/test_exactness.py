@@ -81,7 +81,7 @@ def test_nothing_trainable_counts_every_entry_as_frozen(technique):
 
 def test_everything_trainable_has_nothing_frozen():
     drift = _drift(mask=ALL)
-    assert drift.frozen == 0 and refimpl.moved(drift.before, drift.after).all()
+    assert drift.frozen == 0 and refimpl.testing.moved(drift.before, drift.after).all()
 
 
 def test_a_record_an_id_and_an_optimizer_case_give_the_same_drift():
@@ -115,7 +115,7 @@ def test_every_technique_of_the_matrix_runs_one_step(technique):
     mask = exactness.mask_for(technique, band)
     drift = _drift(technique, keras.optimizers.AdamW, mask, steps=1)
     assert drift.frozen == int((~mask).sum())
-    assert refimpl.moved(drift.before, drift.after)[mask].any()  # it trained
+    assert refimpl.testing.moved(drift.before, drift.after)[mask].any()  # it trained
     if registry.get(technique).exact:
         assert drift.moved == 0
 

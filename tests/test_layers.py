@@ -13,10 +13,8 @@ from refimpl import (
     DiagonalDense,
     PartialDense,
     PartialVariable,
-    assert_frozen,
-    count_free_parameters,
-    moved,
 )
+from refimpl.testing import assert_frozen, count_free_parameters, moved
 
 pytestmark = pytest.mark.every_backend
 

@@ -27,13 +27,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from refimpl import (
-    MaskedOptimizer,
-    apply_masked_gradients,
-    assert_frozen,
-    mask_gradients,
-    moved,
-)
+from refimpl import MaskedOptimizer
+from refimpl.optimizers import apply_masked_gradients, mask_gradients
+from refimpl.testing import assert_frozen, moved
 from tests.strategies import shape_and_mask
 
 pytestmark = pytest.mark.every_backend

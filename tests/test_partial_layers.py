@@ -21,7 +21,7 @@ import pytest
 
 import refimpl
 from refimpl import selection
-from refimpl.partial_layers import PARTIAL_CLASSES, partial_class
+from refimpl.layers.partial import PARTIAL_CLASSES, partial_class
 
 pytestmark = pytest.mark.every_backend
 
@@ -159,8 +159,8 @@ def test_fit_keeps_frozen_entries_bit_exact(name, optimizer):
     converted.compile(optimizer=optimizer(), loss="mse")
     converted.fit(x, y, epochs=3, batch_size=4, verbose=0)
     after = _numpy(_weight(layer))
-    refimpl.assert_frozen(before, after, mask)
-    assert refimpl.moved(before, after)[mask].any()
+    refimpl.testing.assert_frozen(before, after, mask)
+    assert refimpl.testing.moved(before, after)[mask].any()
     assert np.isfinite(after).all()
 
 
@@ -199,7 +199,7 @@ def test_keras_file_round_trip_and_training_again(name, tmp_path):
     np.testing.assert_array_equal(layer.trainable_mask, mask)
     before = _numpy(_weight(layer))
     loaded.fit(x, y, epochs=1, batch_size=4, verbose=0)
-    refimpl.assert_frozen(before, _weight(layer), mask)
+    refimpl.testing.assert_frozen(before, _weight(layer), mask)
     # The config holds the count of free values, never the mask.
     assert "num_free" in layer.get_config()
     assert len(str(layer.get_config())) < 2000
@@ -289,7 +289,7 @@ def test_multi_head_attention_projection_by_weight_path():
     converted.fit(x, y, epochs=2, verbose=0)
     mask = query.trainable_mask
     assert mask.sum() == 7
-    refimpl.assert_frozen(before, query.kernel, mask)
+    refimpl.testing.assert_frozen(before, query.kernel, mask)
     np.testing.assert_array_equal(mask, selection.magnitude_mask(before, k=7))
 
 
@@ -314,7 +314,7 @@ def test_subclassed_model_in_place():
     before = _numpy(model.body.kernel)
     model.compile(optimizer=keras.optimizers.AdamW(0.05, weight_decay=0.5), loss="mse")
     model.fit(x, np.zeros((6, 1), "float32"), epochs=2, verbose=0)
-    refimpl.assert_frozen(before, model.body.kernel, mask)
+    refimpl.testing.assert_frozen(before, model.body.kernel, mask)
 
 
 def test_trainable_tokens_only_new_rows_train_under_adamw():
@@ -342,7 +342,7 @@ def test_trainable_tokens_only_new_rows_train_under_adamw():
     after = _numpy(converted.get_layer("embed").embeddings)
     np.testing.assert_array_equal(after[:10], before[:10])
     assert (after[11] != before[11]).all()
-    assert refimpl.count_free_parameters(converted) == 3 * 4
+    assert refimpl.testing.count_free_parameters(converted) == 3 * 4
 
 
 def test_a_shell_refuses_to_run_before_its_weights_are_loaded():

@@ -139,16 +139,16 @@ def test_fit_moves_every_free_entry_and_no_frozen_one(where, make_optimizer):
     start = _value(layer)
     _fit(model)
     after = _value(layer)
-    refimpl.assert_frozen(start, after, MASK)
-    np.testing.assert_array_equal(refimpl.moved(start, after), MASK)
+    refimpl.testing.assert_frozen(start, after, MASK)
+    np.testing.assert_array_equal(refimpl.testing.moved(start, after), MASK)
     assert np.isfinite(after).all()
 
 
 @pytest.mark.parametrize("where", WHERE)
 def test_count_free_parameters_and_summary_report_the_free_count(where):
     model, layer = _model(where)
-    assert refimpl.count_free_parameters(model) == K
-    assert refimpl.count_free_parameters(layer) == K
+    assert refimpl.testing.count_free_parameters(model) == K
+    assert refimpl.testing.count_free_parameters(layer) == K
     lines = []
     model.summary(print_fn=lambda line, *args, **kwargs: lines.append(line))
     text = "\n".join(lines)
@@ -178,7 +178,7 @@ def test_keras_file_round_trip_predicts_identically_and_trains_on_exactly(
     _fit(loaded)
     for resumed, uninterrupted in zip(loaded.weights, model.weights, strict=True):
         np.testing.assert_array_equal(resumed, uninterrupted)
-    refimpl.assert_frozen(start, _value(loaded_layer), MASK)
+    refimpl.testing.assert_frozen(start, _value(loaded_layer), MASK)
 
 
 @pytest.mark.parametrize("where", WHERE)
@@ -234,8 +234,8 @@ def test_under_mixed_float16_the_value_is_float16_inside_call(where, mixed_float
     assert keras.backend.standardize_dtype(model(X).dtype) == "float16"
     assert layer.w.free.dtype == layer.w.base.dtype == "float32"
     assert _value(layer).dtype == np.float32  # outside a call: the stored dtype
-    refimpl.assert_frozen(start, _value(layer), MASK)
-    assert refimpl.moved(start, _value(layer))[MASK].all()
+    refimpl.testing.assert_frozen(start, _value(layer), MASK)
+    assert refimpl.testing.moved(start, _value(layer))[MASK].all()
 
 
 # --- modes ---------------------------------------------------------------------
@@ -290,8 +290,8 @@ def test_adafactor_gives_no_nan_with_the_default_mode_and_chapter_08_mask():
     assert not mask[-1].any() and not mask[:, -1].any()
     mask, start, after = _adafactor_steps()  # the default mode
     assert np.isfinite(after).all()
-    refimpl.assert_frozen(start, after, mask)
-    assert refimpl.moved(start, after)[mask].all()
+    refimpl.testing.assert_frozen(start, after, mask)
+    assert refimpl.testing.moved(start, after)[mask].all()
 
 
 @pytest.mark.tensorflow_only
@@ -301,7 +301,7 @@ def test_select_mode_under_adafactor_keeps_frozen_entries_exact_whatever_the_fre
     # values into NaN (what the docstring warns of). The frozen entries come
     # from the base and keep their bits regardless.
     mask, start, after = _adafactor_steps(mode="select")
-    refimpl.assert_frozen(start, after, mask)
+    refimpl.testing.assert_frozen(start, after, mask)
     assert np.isfinite(after[~mask]).all()
 
 
@@ -336,5 +336,5 @@ def test_select_mode_trains_in_fit_with_frozen_entries_bit_exact(where):
     start = keras.ops.convert_to_numpy(layer.w.base)
     _fit(model)
     after = _value(layer)
-    refimpl.assert_frozen(start, after, MASK)
-    assert refimpl.moved(start, after)[MASK].all()
+    refimpl.testing.assert_frozen(start, after, MASK)
+    assert refimpl.testing.moved(start, after)[MASK].all()

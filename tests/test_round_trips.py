@@ -41,7 +41,7 @@ def _masked_full_variable():
     w = tf.Variable(INIT)
 
     def apply(optimizer, grads):
-        refimpl.apply_masked_gradients(
+        refimpl.optimizers.apply_masked_gradients(
             optimizer, [(grads[0], w)], [(w, MASK)], restore_frozen=True
         )
 
@@ -84,8 +84,8 @@ def test_checkpoint_restore_mid_training_continues_identically(make, tmp_path):
 
     resumed, uninterrupted = second[2]().numpy(), straight[2]().numpy()
     np.testing.assert_array_equal(resumed, uninterrupted)
-    refimpl.assert_frozen(INIT, resumed, MASK)
-    assert refimpl.moved(INIT, resumed)[MASK].all()  # the free entries trained
+    refimpl.testing.assert_frozen(INIT, resumed, MASK)
+    assert refimpl.testing.moved(INIT, resumed)[MASK].all()  # the free entries trained
 
 
 @pytest.mark.tensorflow_only
@@ -171,8 +171,8 @@ def test_keras_file_round_trip_mid_fit_continues_identically(make, tmp_path):
     for resumed, uninterrupted in zip(_weights(second), _weights(straight)):
         np.testing.assert_array_equal(resumed, uninterrupted)
     kernel = keras.ops.convert_to_numpy(second.layers[0].kernel)
-    refimpl.assert_frozen(start, kernel, mask)
-    assert refimpl.moved(start, kernel)[mask].any()
+    refimpl.testing.assert_frozen(start, kernel, mask)
+    assert refimpl.testing.moved(start, kernel)[mask].any()
 
 
 def test_keras_file_round_trip_keeps_the_layer_and_its_outputs(tmp_path):
@@ -181,7 +181,7 @@ def test_keras_file_round_trip_keeps_the_layer_and_its_outputs(tmp_path):
     model.save(tmp_path / "m.keras")
     loaded = keras.models.load_model(tmp_path / "m.keras")
     assert isinstance(loaded.layers[0], refimpl.PartialDense)
-    assert refimpl.count_free_parameters(loaded) == int(MASK.sum())
+    assert refimpl.testing.count_free_parameters(loaded) == int(MASK.sum())
     np.testing.assert_array_equal(
         loaded.predict(X, verbose=0), model.predict(X, verbose=0)
     )

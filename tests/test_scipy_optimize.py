@@ -3,7 +3,8 @@ import pytest
 import tensorflow as tf
 from hypothesis import given
 
-from refimpl import assert_frozen, minimize
+from refimpl.testing import assert_frozen
+from refimpl.tf import minimize
 from tests.strategies import shape_and_mask
 
 

@@ -20,11 +20,12 @@ import pytest
 
 import refimpl
 from refimpl import backend
-from refimpl.sparse import sparse_matmul, xla_enabled
-from refimpl.variables import (
+from refimpl.ops import (
     SELECT_ABOVE_DENSITY,
     SPARSE_BELOW_DENSITY,
     SPARSE_BELOW_DENSITY_XLA,
+    sparse_matmul,
+    xla_enabled,
 )
 
 pytestmark = pytest.mark.every_backend
@@ -156,8 +157,8 @@ def test_fit_leaves_frozen_entries_bit_exact_and_moves_every_free_one(optimizer)
     model.compile(optimizer=optimizer(), loss="mse")
     model.fit(x, y, epochs=3, batch_size=4, verbose=0)
     after = _numpy(model.layers[0].kernel)
-    refimpl.assert_frozen(w, after, mask)
-    np.testing.assert_array_equal(refimpl.moved(w, after), mask)
+    refimpl.testing.assert_frozen(w, after, mask)
+    np.testing.assert_array_equal(refimpl.testing.moved(w, after), mask)
 
 
 @pytest.mark.slow
@@ -185,8 +186,8 @@ def test_mixed_precision_computes_in_float16_and_keeps_frozen_entries():
     model.compile(optimizer=keras.optimizers.AdamW(0.05, weight_decay=0.5), loss="mse")
     model.fit(x, y, epochs=3, batch_size=4, verbose=0)
     assert layer.free.dtype == "float32" and layer.base.dtype == "float32"
-    refimpl.assert_frozen(w, _numpy(layer.kernel), mask)
-    np.testing.assert_array_equal(refimpl.moved(w, _numpy(layer.kernel)), mask)
+    refimpl.testing.assert_frozen(w, _numpy(layer.kernel), mask)
+    np.testing.assert_array_equal(refimpl.testing.moved(w, _numpy(layer.kernel)), mask)
 
 
 # --- saving ---------------------------------------------------------------------
@@ -258,25 +259,29 @@ def test_choose_mode_has_three_ranges_and_xla_moves_the_sparse_one():
     between = _mask_of_density((SPARSE_BELOW_DENSITY_XLA + SPARSE_BELOW_DENSITY) / 2)
     middle = _mask_of_density((SPARSE_BELOW_DENSITY + SELECT_ABOVE_DENSITY) / 2)
     high = _mask_of_density(SELECT_ABOVE_DENSITY)
-    assert refimpl.choose_mode(below_xla) == "sparse"
-    assert refimpl.choose_mode(below_xla, jit_compile=True) == "sparse"
-    assert refimpl.choose_mode(between) == "sparse"
+    assert refimpl.ops.choose_mode(below_xla) == "sparse"
+    assert refimpl.ops.choose_mode(below_xla, jit_compile=True) == "sparse"
+    assert refimpl.ops.choose_mode(between) == "sparse"
     expected = "sparse" if SPARSE_BELOW_DENSITY_XLA == SPARSE_BELOW_DENSITY else "delta"
-    assert refimpl.choose_mode(between, jit_compile=True) == expected
-    assert refimpl.choose_mode(middle) == refimpl.choose_mode(middle, jit_compile=True)
-    assert refimpl.choose_mode(middle) == "delta"
-    assert refimpl.choose_mode(high) == refimpl.choose_mode(high, jit_compile=True)
-    assert refimpl.choose_mode(high) == "select"
+    assert refimpl.ops.choose_mode(between, jit_compile=True) == expected
+    assert refimpl.ops.choose_mode(middle) == refimpl.ops.choose_mode(
+        middle, jit_compile=True
+    )
+    assert refimpl.ops.choose_mode(middle) == "delta"
+    assert refimpl.ops.choose_mode(high) == refimpl.ops.choose_mode(
+        high, jit_compile=True
+    )
+    assert refimpl.ops.choose_mode(high) == "select"
     # Only a matrix has a sparse product.
-    assert refimpl.choose_mode(below_xla.reshape(-1)) == "delta"
-    assert refimpl.choose_mode(below_xla.reshape(10, 10, 100)) == "delta"
+    assert refimpl.ops.choose_mode(below_xla.reshape(-1)) == "delta"
+    assert refimpl.ops.choose_mode(below_xla.reshape(10, 10, 100)) == "delta"
 
 
 def test_auto_picks_the_mode_of_choose_mode():
     for density in (0.001, 0.05, 0.5):
         mask = _mask_of_density(density, (40, 50))
         pv = refimpl.PartialVariable(np.zeros((40, 50), "float32"), mask, mode="auto")
-        assert pv.mode == refimpl.choose_mode(mask)
+        assert pv.mode == refimpl.ops.choose_mode(mask)
         assert pv.auto == (pv.mode != "select")
 
 
@@ -340,8 +345,8 @@ def test_auto_chooses_the_product_when_traced_by_xla_or_not():
     for jit in (False, True):
         record(jit)(tf.ones((2, n)))
     assert seen == {
-        False: refimpl.choose_mode(between),
-        True: refimpl.choose_mode(between, jit_compile=True),
+        False: refimpl.ops.choose_mode(between),
+        True: refimpl.ops.choose_mode(between, jit_compile=True),
     }
     assert pv.product_mode() == pv.mode  # eagerly: no XLA
 
@@ -358,8 +363,8 @@ def test_fit_under_xla_leaves_frozen_entries_bit_exact():
     )
     model.fit(x, y, epochs=3, batch_size=4, verbose=0)
     after = _numpy(model.layers[0].kernel)
-    refimpl.assert_frozen(w, after, mask)
-    np.testing.assert_array_equal(refimpl.moved(w, after), mask)
+    refimpl.testing.assert_frozen(w, after, mask)
+    np.testing.assert_array_equal(refimpl.testing.moved(w, after), mask)
 
 
 _MIRRORED_SCRIPT = textwrap.dedent(
@@ -419,8 +424,8 @@ def test_mirrored_strategy_trains_like_one_device_and_keeps_frozen_entries(tmp_p
     with np.load(path) as saved:
         w, mask = saved["w"], saved["mask"]
         mirrored, single = saved["mirrored"], saved["single"]
-    refimpl.assert_frozen(w, mirrored, mask)
-    np.testing.assert_array_equal(refimpl.moved(w, mirrored), mask)
+    refimpl.testing.assert_frozen(w, mirrored, mask)
+    np.testing.assert_array_equal(refimpl.testing.moved(w, mirrored), mask)
     np.testing.assert_allclose(mirrored, single, rtol=1e-5, atol=1e-6)
 
 
@@ -455,7 +460,7 @@ def test_mirrored_strategy_trains_like_one_device_and_keeps_frozen_entries(tmp_p
             id="matmul_x_shape",
         ),
         pytest.param(
-            lambda: refimpl.choose_mode(np.eye(3, dtype=bool), jit_compile="yes"),
+            lambda: refimpl.ops.choose_mode(np.eye(3, dtype=bool), jit_compile="yes"),
             TypeError,
             "`jit_compile`",
             id="choose_mode_jit_compile",

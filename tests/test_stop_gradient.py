@@ -6,7 +6,9 @@ import tensorflow as tf
 from hypothesis import given
 from hypothesis import strategies as st
 
-from refimpl import mask_to_indices, moved, one_hot_trainable, partially_trainable
+from refimpl.masks import mask_to_indices
+from refimpl.testing import moved
+from refimpl.tf import one_hot_trainable, partially_trainable
 from tests.strategies import shape_and_mask
 
 FUNCTIONS = [

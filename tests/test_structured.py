@@ -5,17 +5,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from refimpl import (
-    assert_frozen,
+from refimpl.ops import scatter_free
+from refimpl.structured import (
     banded,
     banded_matmul,
     block,
     block_matmul,
     diagonal,
     diagonal_matmul,
-    scatter_free,
 )
-from refimpl import moved as refimpl_moved
+from refimpl.testing import assert_frozen
+from refimpl.testing import moved as refimpl_moved
 
 pytestmark = pytest.mark.every_backend
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from hypothesis import given
 
-from refimpl import (
-    MaskedOptimizer,
+from refimpl import MaskedOptimizer
+from refimpl.testing import (
     assert_frozen,
     count_free_parameters,
     count_optimizer_state,

@@ -9,14 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from refimpl import (
-    PartialVariable,
-    assert_frozen,
-    choose_mode,
-    compose,
-    count_free_parameters,
-)
-from refimpl.variables import SELECT_ABOVE_DENSITY
+from refimpl import PartialVariable
+from refimpl.ops import SELECT_ABOVE_DENSITY, choose_mode, compose
+from refimpl.testing import assert_frozen, count_free_parameters
 from tests.strategies import shape_and_mask
 
 finite = st.floats(-1e6, 1e6, width=32, allow_subnormal=True)

@@ -139,12 +139,12 @@ def build(
 
 
 def optimizer_state_values(optimizer) -> int:
-    """Count the values an optimizer keeps: :func:`refimpl.count_optimizer_state`.
+    """Count the values an optimizer keeps (``refimpl.testing.count_optimizer_state``).
 
     The benchmark's column of that name; one count for the book and the
     library.
     """
-    return refimpl.count_optimizer_state(optimizer)
+    return refimpl.testing.count_optimizer_state(optimizer)
 
 
 def max_density(name: str) -> float | None:

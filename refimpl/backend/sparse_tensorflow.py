@@ -1,8 +1,8 @@
 """The one TensorFlow-only piece of the sparse product: is XLA compiling this?
 
-Imported lazily by :func:`refimpl.sparse.xla_enabled`, only when Keras runs on
+Imported lazily by :func:`refimpl.ops.xla_enabled`, only when Keras runs on
 TensorFlow. The sparse product itself is plain ``keras.ops``
-(:func:`refimpl.sparse.sparse_matmul`): a version on
+(:func:`refimpl.ops.sparse_matmul`): a version on
 ``tf.sparse.sparse_dense_matmul`` was measured beside it, was no faster under
 ``tf.function``, and does not compile under XLA, so it is not kept.
 """

@@ -152,7 +152,8 @@ def dense_arguments(dense, name: str = "dense") -> tuple[np.ndarray, dict]:
     """
     if not isinstance(dense, keras.layers.Dense) or not dense.built:
         raise TypeError(
-            f"`{name}` must be a built keras.layers.Dense. Received: {name}={describe(dense)}"
+            f"`{name}` must be a built keras.layers.Dense. Received: "
+            f"{name}={describe(dense)}"
         )
     for option in ("kernel_regularizer", "kernel_constraint"):
         if getattr(dense, option) is not None:

@@ -1,14 +1,14 @@
 """Keras 3 layers whose kernel is built from its free values in the forward pass.
 
 Each layer keeps only its free values as trainable weights, so ``summary()``
-and :func:`refimpl.count_free_parameters` report the true number of free
+and :func:`refimpl.testing.count_free_parameters` report the true number of free
 parameters, and no optimizer (weight decay included) can move a fixed entry.
 The math is :mod:`refimpl.structured`; these classes only hold the weights.
 Like ``Dense``, each computes ``activation(x @ kernel + bias)``;
 ``layer.kernel`` is the dense kernel (in the variable dtype) and
 ``layer.trainable_mask`` marks its free entries, for inspection and for
-:func:`refimpl.assert_frozen`. :class:`PartialDense` (any mask over a frozen
-base, in :mod:`refimpl.partial_dense`) is importable from here too.
+:func:`refimpl.testing.assert_frozen`. :class:`PartialDense` (any mask over a frozen
+base, in :mod:`refimpl.layers.partial`) is importable from here too.
 
 Fixed values (a fixed diagonal, fixed blocks) are non-trainable weights, so
 they live in the weights file and never in ``get_config``. Every layer has

@@ -195,7 +195,8 @@ def _check_method(method) -> str:
             extra = " It needs a Hessian, which `minimize` does not compute."
         raise ValueError(
             f"`method` must be one of SciPy's minimize methods that need at most "
-            f"a gradient: {', '.join(known)}.{extra} Received: method={describe(method)}"
+            f"a gradient: {', '.join(known)}.{extra} Received: "
+            f"method={describe(method)}"
         )
     return method.lower()
 
