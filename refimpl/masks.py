@@ -27,17 +27,7 @@ import numpy as np
 
 from refimpl import backend
 
-__all__ = [
-    "to_mask",
-    "to_update_scale",
-    "indices_to_mask",
-    "mask_to_indices",
-    "mask_constant",
-    "mask_shape",
-    "normalize_shape",
-    "pair_masks",
-    "describe",
-]
+__all__ = ["indices_to_mask", "mask_to_indices", "to_mask"]
 
 
 def normalize_shape(shape, *, name: str = "shape") -> tuple[int, ...]:

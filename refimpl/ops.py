@@ -28,7 +28,6 @@ __all__ = [
     "SELECT_ABOVE_DENSITY",
     "SPARSE_BELOW_DENSITY",
     "SPARSE_BELOW_DENSITY_XLA",
-    "check_mode",
     "choose_mode",
     "compose",
     "sparse_matmul",
@@ -95,6 +94,7 @@ def compose(base, positions, free, *, mode: str = "delta", mask=None):
     Raises:
         ValueError: for an unknown mode, bad positions, or a ``free`` of the
             wrong shape.
+        TypeError: for static positions and a ``free`` of another dtype.
 
     >>> base = np.array([[1.0, 2.0], [3.0, 4.0]], "float32")
     >>> keras.ops.convert_to_numpy(compose(base, [[0, 1]], np.float32([9.0])))
@@ -116,6 +116,13 @@ def compose(base, positions, free, *, mode: str = "delta", mask=None):
                 f"Received: free.shape={tuple(keras.ops.shape(free))}"
             )
         positions = keras.ops.convert_to_tensor(positions, index_dtype(shape))
+        free = keras.ops.convert_to_tensor(free)
+        dtypes = [keras.backend.standardize_dtype(t.dtype) for t in (base, free)]
+        if dtypes[0] != dtypes[1]:
+            raise TypeError(
+                f"`free` must have the base's dtype {dtypes[0]}. "
+                f"Received: free.dtype={dtypes[1]}"
+            )
     free = keras.ops.cast(free, base.dtype)
     if mode == "select":
         if mask is None:
@@ -186,6 +193,11 @@ def sparse_matmul(x, base, positions, free):
     """
     n_in, n_out = (int(d) for d in base.shape)
     x = keras.ops.convert_to_tensor(x)
+    if not x.shape or x.shape[-1] not in (None, n_in):
+        raise ValueError(
+            f"`x` must end in an axis of size {n_in} (the matrix's rows). "
+            f"Received: x.shape={tuple(x.shape)}"
+        )
     lead = tuple(x.shape[:-1])
     flat_x = keras.ops.reshape(x, (-1, n_in))
     dtype = flat_x.dtype

@@ -134,11 +134,11 @@ CASES = [
     # masks: the shared validation every entry point uses
     ("to_mask_wrong_shape", "to_mask", lambda: refimpl.masks.to_mask([True], (2,)), ValueError, "mask", "(1,)"),
     ("to_mask_float_not_01", "to_mask", lambda: refimpl.masks.to_mask([0.5, 1.0], (2,)), ValueError, "mask", "0.5"),
-    ("to_mask_int_mask", "to_mask", lambda: refimpl.masks.to_mask(np.eye(3, dtype=int), (3, 3)), TypeError, "mask", "[[1, 0, 0]"),
-    ("to_mask_int_mask_of_shape_k_by_2", "to_mask", lambda: refimpl.masks.to_mask(np.eye(2, dtype=int), (2, 2)), TypeError, "mask", "[[1, 0]"),
+    ("to_mask_int_mask", "to_mask", lambda: refimpl.masks.to_mask(np.eye(3, dtype=int), (3, 3)), TypeError, "mask", "shape (3, 3)"),
+    ("to_mask_int_mask_of_shape_k_by_2", "to_mask", lambda: refimpl.masks.to_mask(np.eye(2, dtype=int), (2, 2)), TypeError, "mask", "shape (2, 2)"),
     ("to_mask_nan", "to_mask", lambda: refimpl.masks.to_mask([np.nan, 1.0], (2,)), ValueError, "mask", "nan"),
     ("to_mask_strings", "to_mask", lambda: refimpl.masks.to_mask(["a", "b"], (2,)), TypeError, "mask", "<U1"),
-    ("to_mask_ragged", "to_mask", lambda: refimpl.masks.to_mask([[1, 2], [3]], (2,)), TypeError, "mask", "[[1, 2], [3]]"),
+    ("to_mask_ragged", "to_mask", lambda: refimpl.masks.to_mask([[1, 2], [3]], (2,)), TypeError, "mask", "list of length 2"),
     ("to_mask_bad_shape", "to_mask", lambda: refimpl.masks.to_mask([True], "a"), TypeError, "shape", "'a'"),
     ("indices_out_of_range", "indices_to_mask", lambda: refimpl.masks.indices_to_mask([[3]], (3,)), ValueError, "indices", "[3]"),
     ("indices_negative", "indices_to_mask", lambda: refimpl.masks.indices_to_mask([[-1]], (3,)), ValueError, "indices", "[-1]"),
@@ -151,7 +151,7 @@ CASES = [
     # stop_gradient
     ("partially_trainable_shape", "partially_trainable", lambda: refimpl.tf.partially_trainable(W3, [True]), ValueError, "mask", "(1,)"),
     ("partially_trainable_float", "partially_trainable", lambda: refimpl.tf.partially_trainable(W3, EYE * 0.5), ValueError, "mask", "0.5"),
-    ("partially_trainable_int", "partially_trainable", lambda: refimpl.tf.partially_trainable(W3, np.eye(3, dtype=int)), TypeError, "mask", "[[1, 0, 0]"),
+    ("partially_trainable_int", "partially_trainable", lambda: refimpl.tf.partially_trainable(W3, np.eye(3, dtype=int)), TypeError, "mask", "shape (3, 3)"),
     ("one_hot_out_of_range", "one_hot_trainable", lambda: refimpl.tf.one_hot_trainable(W3, [[3, 0]]), ValueError, "indices", "[3, 0]"),
     ("one_hot_negative", "one_hot_trainable", lambda: refimpl.tf.one_hot_trainable(W3, [[0, -1]]), ValueError, "indices", "[0, -1]"),
     ("one_hot_duplicated", "one_hot_trainable", lambda: refimpl.tf.one_hot_trainable(W3, [[0, 1], [0, 1]]), ValueError, "indices", "[0, 1]"),
@@ -159,12 +159,12 @@ CASES = [
     ("one_hot_unknown_shape", "one_hot_trainable", _symbolic_x, ValueError, "x", "None"),
     # SciPy
     ("minimize_not_callable", "minimize", lambda: refimpl.tf.minimize(1.0, _var()), TypeError, "loss_fn", "1.0"),
-    ("minimize_not_variable", "minimize", lambda: refimpl.tf.minimize(lambda: 0.0, tf.constant(W3)), TypeError, "variables", "tf.Tensor"),
+    ("minimize_not_variable", "minimize", lambda: refimpl.tf.minimize(lambda: 0.0, tf.constant(W3)), TypeError, "variables", "EagerTensor"),
     ("minimize_int_variable_in_list", "minimize", lambda: refimpl.tf.minimize(lambda: 0.0, [tf.Variable([1, 2])]), TypeError, "variables[0]", "int32"),
     ("minimize_int_variable", "minimize", lambda: refimpl.tf.minimize(lambda: 0.0, tf.Variable([1, 2])), TypeError, "variables", "int32"),
     ("minimize_duplicated_variable", "minimize", lambda: refimpl.tf.minimize(lambda: 0.0, [V, V]), ValueError, "variables", "more than once"),
     ("minimize_mask_shape", "minimize", lambda: refimpl.tf.minimize(lambda: 0.0, _var(), [True]), ValueError, "mask", "(1,)"),
-    ("minimize_mask_list_length", "minimize", lambda: refimpl.tf.minimize(lambda: 0.0, [_var()], [EYE, EYE]), ValueError, "mask", "mask=["),
+    ("minimize_mask_list_length", "minimize", lambda: refimpl.tf.minimize(lambda: 0.0, [_var()], [EYE, EYE]), ValueError, "mask", "mask=list"),
     ("minimize_method", "minimize", lambda: refimpl.tf.minimize(lambda: 0.0, _var(), method="sgd"), ValueError, "method", "'sgd'"),
     ("minimize_options", "minimize", lambda: refimpl.tf.minimize(lambda: 0.0, _var(), options=5), TypeError, "options", "5"),
     ("minimize_nan_start", "minimize", _nan_minimize, ValueError, "loss_fn", "nan"),
@@ -172,10 +172,10 @@ CASES = [
     ("minimize_empty_mask", "minimize", lambda: refimpl.tf.minimize(lambda: 0.0, _var(), ~EYE & EYE), ValueError, "mask", "[0]"),
     # masked_optimizer: mask_gradients
     ("mask_gradients_not_list", "mask_gradients", lambda: refimpl.optimizers.mask_gradients(3, [(V, EYE)]), TypeError, "grads_and_vars", "3"),
-    ("mask_gradients_not_pairs", "mask_gradients", lambda: refimpl.optimizers.mask_gradients(W3, [(V, EYE)]), TypeError, "grads_and_vars[0]", "array([0., 1., 2.]"),
+    ("mask_gradients_not_pairs", "mask_gradients", lambda: refimpl.optimizers.mask_gradients(W3, [(V, EYE)]), TypeError, "grads_and_vars[0]", "shape (3,)"),
     ("mask_gradients_not_variable", "mask_gradients", lambda: refimpl.optimizers.mask_gradients([(W3, W3)], []), TypeError, "grads_and_vars[0]", "ndarray"),
-    ("mask_gradients_masks_not_list", "mask_gradients", lambda: refimpl.optimizers.mask_gradients([(W3, V)], EYE), TypeError, "masks", "array("),
-    ("mask_gradients_masks_not_pair", "mask_gradients", lambda: refimpl.optimizers.mask_gradients([(W3, V)], [V]), TypeError, "masks[0]", "<tf.Variable 'v:0'"),
+    ("mask_gradients_masks_not_list", "mask_gradients", lambda: refimpl.optimizers.mask_gradients([(W3, V)], EYE), TypeError, "masks", "ndarray of shape"),
+    ("mask_gradients_masks_not_pair", "mask_gradients", lambda: refimpl.optimizers.mask_gradients([(W3, V)], [V]), TypeError, "masks[0]", "ResourceVariable of shape"),
     ("mask_gradients_masks_not_variable", "mask_gradients", lambda: refimpl.optimizers.mask_gradients([(W3, V)], [(W3, EYE)]), TypeError, "masks[0]", "ndarray"),
     ("mask_gradients_shape", "mask_gradients", lambda: refimpl.optimizers.mask_gradients([(W3, V)], [(V, [True])]), ValueError, "masks[0]", "(1,)"),
     ("mask_gradients_float_mask", "mask_gradients", lambda: refimpl.optimizers.mask_gradients([(W3, V)], [(V, EYE * 0.5)]), ValueError, "masks[0]", "0.5"),
@@ -189,15 +189,15 @@ CASES = [
     ("apply_masks_not_list", "apply_masked_gradients", lambda: refimpl.optimizers.apply_masked_gradients(_sgd(), [(W3, V)], None), TypeError, "masks", "None"),
     ("apply_mask_shape", "apply_masked_gradients", lambda: refimpl.optimizers.apply_masked_gradients(_sgd(), [(W3, V)], [(V, [True])]), ValueError, "masks[0]", "(1,)"),
     ("apply_mask_above_one", "apply_masked_gradients", lambda: refimpl.optimizers.apply_masked_gradients(_sgd(), [(W3, V)], [(V, EYE * 1.5)]), ValueError, "masks[0]", "1.5"),
-    ("apply_int_mask", "apply_masked_gradients", lambda: refimpl.optimizers.apply_masked_gradients(_sgd(), [(W3, V)], [(V, np.eye(3, dtype=int))]), TypeError, "masks[0]", "[[1, 0, 0]"),
+    ("apply_int_mask", "apply_masked_gradients", lambda: refimpl.optimizers.apply_masked_gradients(_sgd(), [(W3, V)], [(V, np.eye(3, dtype=int))]), TypeError, "masks[0]", "shape (3, 3)"),
     ("apply_restore_not_bool", "apply_masked_gradients", lambda: refimpl.optimizers.apply_masked_gradients(_sgd(), [(W3, _var())], [], restore_frozen="yes"), TypeError, "restore_frozen", "'yes'"),
     ("apply_none_gradient", "apply_masked_gradients", lambda: refimpl.optimizers.apply_masked_gradients(_sgd(), [(None, V)], [(V, EYE)]), ValueError, "grads_and_vars[0]", "'v'"),
     # masked_optimizer: MaskedOptimizer
     ("masked_optimizer_not_optimizer", "MaskedOptimizer", lambda: refimpl.MaskedOptimizer(3, []), TypeError, "optimizer", "3"),
     ("masked_optimizer_unknown_name", "MaskedOptimizer", lambda: refimpl.MaskedOptimizer("nope", []), ValueError, "optimizer", "nope"),
     ("masked_optimizer_masks_none", "MaskedOptimizer", lambda: refimpl.MaskedOptimizer(_sgd(), None), TypeError, "masks", "None"),
-    ("masked_optimizer_masks_array", "MaskedOptimizer", lambda: _masked(EYE), TypeError, "masks", "array("),
-    ("masked_optimizer_masks_not_pair", "MaskedOptimizer", lambda: _masked([V]), TypeError, "masks[0]", "<tf.Variable 'v:0'"),
+    ("masked_optimizer_masks_array", "MaskedOptimizer", lambda: _masked(EYE), TypeError, "masks", "ndarray of shape"),
+    ("masked_optimizer_masks_not_pair", "MaskedOptimizer", lambda: _masked([V]), TypeError, "masks[0]", "ResourceVariable of shape"),
     ("masked_optimizer_masks_slice", "MaskedOptimizer", lambda: _masked([(V[0], [True] * 3)]), TypeError, "masks[0]", "EagerTensor"),
     ("masked_optimizer_mask_shape", "MaskedOptimizer", lambda: _masked([(V, [True])]), ValueError, "masks[0]", "(1,)"),
     ("masked_optimizer_mask_negative", "MaskedOptimizer", lambda: _masked([(V, -EYE.astype("float32"))]), ValueError, "masks[0]", "-1"),
@@ -216,7 +216,7 @@ CASES = [
     ("banded_float_offset", "banded", lambda: refimpl.structured.banded([np.ones(3)], [0.5]), TypeError, "offsets", "0.5"),
     ("banded_offsets_not_list", "banded", lambda: refimpl.structured.banded([np.ones(3)], 0), TypeError, "offsets", "0"),
     ("banded_counts_differ", "banded", lambda: refimpl.structured.banded([np.ones(3)], [0, 1]), ValueError, "diagonals", "[0, 1]"),
-    ("banded_diagonals_tensor", "banded", lambda: refimpl.structured.banded(tf.ones(3), [0]), TypeError, "diagonals", "tf.Tensor"),
+    ("banded_diagonals_tensor", "banded", lambda: refimpl.structured.banded(tf.ones(3), [0]), TypeError, "diagonals", "EagerTensor"),
     ("banded_mixed_dtypes", "banded", lambda: refimpl.structured.banded([np.ones(3, "float32"), np.ones(2)], [0, 1]), TypeError, "diagonals", "float64"),
     ("banded_matmul_size", "banded_matmul", lambda: refimpl.structured.banded_matmul(np.ones((2, 4), "float32"), [np.ones(3, "float32")], [0]), ValueError, "x", "(2, 4)"),
     ("block_empty", "block", lambda: refimpl.structured.block([]), ValueError, "rows", "[]"),
@@ -224,16 +224,16 @@ CASES = [
     ("block_heights_differ", "block", lambda: refimpl.structured.block([[W3, np.ones((2, 2), "float32")]]), ValueError, "rows", "rows[0][1].shape=(2, 2)"),
     ("block_dtype_mismatch", "block", lambda: refimpl.structured.block([[tf.constant(W3), tf.constant(W3, tf.float64)]]), TypeError, "rows", "float64"),
     ("block_matmul_size", "block_matmul", lambda: refimpl.structured.block_matmul(np.ones((2, 4), "float32"), [[W3]]), ValueError, "x", "(2, 4)"),
-    ("scatter_free_out_of_range", "scatter_free", lambda: refimpl.ops.scatter_free(W3, [[3, 0]], [1.0]), ValueError, "indices", "[3, 0]"),
-    ("scatter_free_duplicated", "scatter_free", lambda: refimpl.ops.scatter_free(W3, [[0, 0], [0, 0]], [1.0, 2.0]), ValueError, "indices", "[0, 0]"),
-    ("scatter_free_count", "scatter_free", lambda: refimpl.ops.scatter_free(W3, [[0, 0]], [1.0, 2.0]), ValueError, "values", "(2,)"),
-    ("scatter_free_dtype", "scatter_free", lambda: refimpl.ops.scatter_free(W3, [[0, 0]], np.array([1.0])), TypeError, "values", "float64"),
+    ("scatter_free_out_of_range", "compose", lambda: refimpl.ops.compose(W3, [[3, 0]], [1.0]), ValueError, "positions", "[3, 0]"),
+    ("scatter_free_duplicated", "compose", lambda: refimpl.ops.compose(W3, [[0, 0], [0, 0]], [1.0, 2.0]), ValueError, "positions", "[0, 0]"),
+    ("scatter_free_count", "compose", lambda: refimpl.ops.compose(W3, [[0, 0]], [1.0, 2.0]), ValueError, "free", "(2,)"),
+    ("scatter_free_dtype", "compose", lambda: refimpl.ops.compose(W3, [[0, 0]], np.array([1.0])), TypeError, "free", "float64"),
     # variables
     ("compose_mode", "compose", lambda: refimpl.ops.compose(W3, [[0, 0]], [1.0], mode="sparse"), ValueError, "mode", "'sparse'"),
     ("compose_free_shape", "compose", lambda: refimpl.ops.compose(W3, [[0, 0]], tf.constant([1.0, 2.0])), ValueError, "free", "(2,)"),
     ("compose_dtype", "compose", lambda: refimpl.ops.compose(W3, [[0, 0]], tf.constant([1.0], tf.float64)), TypeError, "free", "float64"),
-    ("compose_duplicated", "compose", lambda: refimpl.ops.compose(W3, [[0, 0], [0, 0]], tf.constant([1.0, 2.0])), ValueError, "indices", "[0, 0]"),
-    ("compose_mask_disagrees", "compose", lambda: refimpl.ops.compose(W3, [[0, 0]], [1.0], mask=EYE), ValueError, "mask", "3 True"),
+    ("sparse_matmul_x_shape", "sparse_matmul", lambda: refimpl.ops.sparse_matmul(np.ones((2, 4), "float32"), W3, np.array([0], "int32"), np.ones(1, "float32")), ValueError, "x", "(2, 4)"),
+    ("compose_duplicated", "compose", lambda: refimpl.ops.compose(W3, [[0, 0], [0, 0]], tf.constant([1.0, 2.0])), ValueError, "positions", "[0, 0]"),
     ("choose_mode_int", "choose_mode", lambda: refimpl.ops.choose_mode(np.eye(3, dtype=int)), TypeError, "mask", "int"),
     ("choose_mode_fraction", "choose_mode", lambda: refimpl.ops.choose_mode(EYE * 0.5), ValueError, "mask", "0.5"),
     ("partial_variable_int", "PartialVariable", lambda: refimpl.PartialVariable(np.eye(3, dtype=int), EYE), TypeError, "initial_value", "int"),
@@ -252,7 +252,7 @@ CASES = [
     ("partial_variable_from_dense_strings", "PartialVariable", lambda: refimpl.PartialVariable.from_dense("abc", [True]), TypeError, "w", "<U3"),
     # layers
     ("diagonal_dense_use_bias", "DiagonalDense", lambda: refimpl.DiagonalDense(use_bias="yes"), TypeError, "use_bias", "'yes'"),
-    ("diagonal_dense_from_dense_not_dense", "DiagonalDense", lambda: refimpl.DiagonalDense.from_dense(W3), TypeError, "dense", "array("),
+    ("diagonal_dense_from_dense_not_dense", "DiagonalDense", lambda: refimpl.DiagonalDense.from_dense(W3), TypeError, "dense", "ndarray of shape"),
     ("diagonal_dense_from_dense_not_square", "DiagonalDense", lambda: refimpl.DiagonalDense.from_dense(_dense(2, 3)), ValueError, "dense", "(3, 2)"),
     ("diagonal_dense_from_dense_off_diagonal", "DiagonalDense", lambda: refimpl.DiagonalDense.from_dense(_full_dense()), ValueError, "dense", "6 non-zero"),
     ("diagonal_dense_from_dense_regularizer", "DiagonalDense", lambda: refimpl.DiagonalDense.from_dense(_dense(kernel_regularizer="l2")), ValueError, "dense", "kernel_regularizer="),
@@ -286,7 +286,7 @@ CASES = [
     ("merge_not_built", "merge", lambda: refimpl.merge(keras.Sequential([keras.layers.Dense(1)])), ValueError, "model", "sequential"),
     ("partialize_not_model", "partialize", lambda: refimpl.partialize(_dense(), {}), TypeError, "model", "Dense"),
     ("partialize_subclassed", "partialize", _partialize_subclassed, TypeError, "model", "Net"),
-    ("partialize_not_dict", "partialize", lambda: refimpl.partialize(_small_model(), [("d", EYE)]), TypeError, "layer_masks", "[('d'"),
+    ("partialize_not_dict", "partialize", lambda: refimpl.partialize(_small_model(), [("d", EYE)]), TypeError, "layer_masks", "list of length 1"),
     ("partialize_unknown_layer", "partialize", lambda: refimpl.partialize(_small_model(), {"nope": EYE}), ValueError, "layer_masks['nope']", "'d'"),
     ("partialize_unsupported_layer", "partialize", lambda: refimpl.partialize(_small_model(), {"drop": EYE}), TypeError, "layer_masks['drop']", "Dropout"),
     ("partialize_mask_shape", "partialize", lambda: refimpl.partialize(_small_model(), {"d": [True]}), ValueError, "layer_masks['d']", "(1,)"),
@@ -307,7 +307,7 @@ CASES = [
     # constraints
     ("freeze_entries_shape", "FreezeEntries", lambda: refimpl.FreezeEntries(np.zeros((2, 2)), EYE), ValueError, "mask", "(3, 3)"),
     ("freeze_entries_strings", "FreezeEntries", lambda: refimpl.FreezeEntries("abc", EYE), TypeError, "values", "'abc'"),
-    ("freeze_entries_int_mask", "FreezeEntries", lambda: refimpl.FreezeEntries(W3, np.eye(3, dtype=int)), TypeError, "mask", "[[1, 0, 0]"),
+    ("freeze_entries_int_mask", "FreezeEntries", lambda: refimpl.FreezeEntries(W3, np.eye(3, dtype=int)), TypeError, "mask", "shape (3, 3)"),
     ("freeze_entries_scalar_with_indices", "FreezeEntries", lambda: refimpl.FreezeEntries(0.0, [[0, 0]]), ValueError, "mask", "[[0, 0]]"),
     ("freeze_entries_applied_shape", "FreezeEntries", lambda: refimpl.FreezeEntries(W3, EYE)(tf.zeros((2, 2))), ValueError, "w", "(2, 2)"),
     ("freeze_entries_from_variable_mask", "FreezeEntries", lambda: refimpl.FreezeEntries.from_variable(V, [True]), ValueError, "mask", "(1,)"),
@@ -315,7 +315,7 @@ CASES = [
     # testing and plotting
     ("moved_shapes", "moved", lambda: refimpl.testing.moved([1.0], [1.0, 2.0]), ValueError, "before", "(2,)"),
     ("moved_dtypes", "moved", lambda: refimpl.testing.moved(np.ones(2, "float32"), np.ones(2)), TypeError, "before", "float64"),
-    ("moved_objects", "moved", lambda: refimpl.testing.moved([object()], [object()]), TypeError, "before", "object"),
+    ("moved_objects", "moved", lambda: refimpl.testing.moved([object()], [object()]), TypeError, "before", "list of length 1"),
     ("assert_frozen_mask_shape", "assert_frozen", lambda: refimpl.testing.assert_frozen(W3, W3, [True]), ValueError, "mask", "(1,)"),
     ("assert_frozen_shapes", "assert_frozen", lambda: refimpl.testing.assert_frozen(W3, W3[:2], EYE), ValueError, "before", "(2, 3)"),
     ("count_free_parameters_strings", "count_free_parameters", lambda: refimpl.testing.count_free_parameters(["a"]), TypeError, "model_or_variables", "'a'"),
@@ -323,22 +323,39 @@ CASES = [
     ("count_optimizer_state_not_optimizer", "count_optimizer_state", lambda: refimpl.testing.count_optimizer_state("adam"), TypeError, "optimizer", "'adam'"),
     ("count_optimizer_state_not_built", "count_optimizer_state", lambda: refimpl.testing.count_optimizer_state(_sgd()), ValueError, "optimizer", "SGD"),
     ("plot_mask_rank", "plot_mask", lambda: refimpl.plotting.plot_mask(np.ones((2, 2, 2), bool)), ValueError, "mask", "(2, 2, 2)"),
-    ("plot_mask_int", "plot_mask", lambda: refimpl.plotting.plot_mask([[1, 0]]), TypeError, "mask", "[[1, 0]]"),
+    ("plot_mask_int", "plot_mask", lambda: refimpl.plotting.plot_mask([[1, 0]]), TypeError, "mask", "shape (1, 2)"),
 ]  # fmt: skip
 
 # Public names that take no user input of their own.
-EXEMPT = {"__version__": "a string, not a callable"}
+EXEMPT = {
+    "__version__": "a string, not a callable",
+    "xla_enabled": "takes no argument",
+    "selection": "a submodule; its functions have cases of their own",
+}
+# The documented submodules whose functions and classes are public entry points.
+_SUBMODULES = ("masks", "ops", "optimizers", "plotting", "structured", "testing")
+
+
+def _public_names() -> set:
+    names = {n for n in refimpl.__all__ if not inspect.ismodule(getattr(refimpl, n))}
+    for module in _SUBMODULES:
+        mod = getattr(refimpl, module)
+        names |= {n for n in mod.__all__ if callable(getattr(mod, n))}
+    if refimpl.backend.name == "tensorflow":
+        names |= set(refimpl.tf.__all__)
+    return names
 
 
 def test_every_public_name_has_a_bad_input_case():
     covered = {name for _, name, *_ in CASES} | set(EXEMPT)
-    missing = sorted(set(refimpl.__all__) - covered)
+    missing = sorted(_public_names() - covered)
     assert not missing, f"public names without a bad-input case: {missing}"
 
 
 def test_cases_name_public_names_only():
     named = {name for _, name, *_ in CASES} | set(EXEMPT)
-    assert named <= set(refimpl.__all__), sorted(named - set(refimpl.__all__))
+    public = _public_names() | _TENSORFLOW_LEVEL
+    assert named <= public, sorted(named - public)
 
 
 def test_case_ids_are_unique():

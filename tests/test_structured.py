@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from refimpl.ops import scatter_free
+from refimpl.ops import compose
 from refimpl.structured import (
     banded,
     banded_matmul,
@@ -170,10 +170,10 @@ def test_block_gradient_reaches_only_the_trainable_block():
 
 
 @pytest.mark.tensorflow_only
-def test_scatter_free_writes_values_in_index_order():
-    got = scatter_free(tf.zeros((2, 2)), [[1, 1], [0, 0]], tf.constant([1.0, 2.0]))
+def test_compose_writes_values_in_index_order():
+    got = compose(tf.zeros((2, 2)), [[1, 1], [0, 0]], tf.constant([1.0, 2.0]))
     np.testing.assert_array_equal(got, [[2.0, 0.0], [0.0, 1.0]])
-    by_mask = scatter_free(tf.zeros((2, 2)), np.eye(2, dtype=bool), [1.0, 2.0])
+    by_mask = compose(tf.zeros((2, 2)), np.eye(2, dtype=bool), [1.0, 2.0])
     np.testing.assert_array_equal(by_mask, [[1.0, 0.0], [0.0, 2.0]])
 
 
@@ -283,25 +283,25 @@ def test_products_work_inside_tf_function():
             id="block_x_shape",
         ),
         pytest.param(
-            lambda: scatter_free(tf.zeros(3), [[3]], tf.ones(1)),
+            lambda: compose(tf.zeros(3), [[3]], tf.ones(1)),
             ValueError,
             "out of range",
             id="scatter_range",
         ),
         pytest.param(
-            lambda: scatter_free(tf.zeros(3), [[1], [1]], tf.ones(2)),
+            lambda: compose(tf.zeros(3), [[1], [1]], tf.ones(2)),
             ValueError,
             "more than once",
             id="scatter_duplicate",
         ),
         pytest.param(
-            lambda: scatter_free(tf.zeros(3), [[1]], tf.ones(2)),
+            lambda: compose(tf.zeros(3), [[1]], tf.ones(2)),
             ValueError,
             "one value per index",
             id="scatter_count",
         ),
         pytest.param(
-            lambda: scatter_free(tf.zeros(3), [[1]], tf.ones(1, tf.float64)),
+            lambda: compose(tf.zeros(3), [[1]], tf.ones(1, tf.float64)),
             TypeError,
             "dtype",
             id="scatter_dtype",

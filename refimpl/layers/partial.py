@@ -26,11 +26,13 @@ without touching the base) followed by the positions; :meth:`to_dense` and
 
 from __future__ import annotations
 
+import types
+
 import keras
 import numpy as np
 
 from refimpl import _compat, backend
-from refimpl.masks import describe, to_mask
+from refimpl.masks import describe, mask_shape, to_mask
 from refimpl.ops import (
     SelectMask,
     check_mode,
@@ -44,7 +46,13 @@ from refimpl.ops import (
     initializer as _constant,
 )
 
-__all__ = ["PartialDense", "enable_partial", "partial_class", "supported_classes"]
+__all__ = [
+    "PARTIAL_CLASSES",
+    "PartialDense",
+    "enable_partial",
+    "partial_class",
+    "supported_classes",
+]
 
 _ELEMENTWISE_REGULARIZERS = (
     keras.regularizers.L1,
@@ -322,15 +330,29 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
         auto: bool = False,
         **kwargs,
     ):
-        super().__init__(units, **kwargs)
+        if isinstance(units, bool) or not isinstance(units, (int, np.integer)):
+            raise TypeError(
+                f"`units` must be a positive int. Received: units={describe(units)}"
+            )
+        super().__init__(int(units), **kwargs)
         check_mode(mode)
-        if (trainable_mask is None) == (num_free is None):
+        shape = None if trainable_mask is None else mask_shape(trainable_mask)
+        if shape is not None and shape[1:] != (self.units,):
+            raise ValueError(
+                f"`trainable_mask` must have shape [input_dim, {self.units}]. "
+                f"Received a mask of shape {shape}"
+            )
+        if trainable_mask is None and num_free is None:
             raise ValueError(
                 "`trainable_mask` is required: a boolean mask of shape "
-                f"[input_dim, {units}] or an index list of shape [k, 2]. (Only "
-                "a shell rebuilt from a config gives `num_free` instead.) "
-                f"Received: trainable_mask={describe(trainable_mask)}, "
-                f"num_free={describe(num_free)}"
+                f"[input_dim, {self.units}] or an index list of shape [k, 2]. "
+                "Received: trainable_mask=None"
+            )
+        if trainable_mask is not None and num_free is not None:
+            raise ValueError(
+                "`num_free` is only for a shell rebuilt from a config, which has "
+                "no `trainable_mask`: give one or the other. "
+                f"Received: num_free={describe(num_free)} with a trainable_mask"
             )
         _check_constraint(self.kernel_constraint, self.name)
         self._partial_given = (trainable_mask, mode)
@@ -388,6 +410,8 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
                 "`dense` must be a built keras.layers.Dense. "
                 f"Received: dense={describe(dense)}"
             )
+        kernel_shape = tuple(dense.kernel.shape)
+        to_mask(trainable_mask, kernel_shape, name="trainable_mask")  # names it
         copy = keras.layers.Dense.from_config(dense.get_config())
         copy.build_from_config(dense.get_build_config())
         copy.set_weights([np.array(w) for w in dense.get_weights()])
@@ -428,6 +452,10 @@ for _plain in (
 ):
     _make(_plain)
 _make(keras.layers.Embedding, "embeddings")
+
+
+#: The partial class of every supported Keras layer class (read-only).
+PARTIAL_CLASSES = types.MappingProxyType(_PLAIN_TO_PARTIAL)
 
 
 def supported_classes() -> tuple[type, ...]:
