@@ -33,6 +33,9 @@ $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt
+	@# The wheel holds refimpl alone; the book and the tests also import the
+	@# repository's evidence package, from the checkout.
+	$(BIN)/python -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'partially_trainable_checkout.pth').write_text('$(CURDIR)\n')"
 	touch $(STAMP)
 
 $(STAMP): $(MATHJAX)
