@@ -298,10 +298,18 @@ def fit_partial_variable(init, mask):
 
 
 def _lib(name: str):
-    """``refimpl.<name>``: the benchmark measures the library, never a copy."""
-    if not hasattr(refimpl, name):
-        raise Unavailable(f"refimpl.{name} is not available")
-    return getattr(refimpl, name)
+    """``refimpl.<name>``: the benchmark measures the library, never a copy.
+
+    ``name`` is a dotted path below :mod:`refimpl` (``"structured.banded_matmul"``,
+    ``"tf.one_hot_trainable"``): refimpl 2.0 keeps only what a model needs at
+    the top level and the rest in submodules.
+    """
+    found = refimpl
+    for part in name.split("."):
+        if not hasattr(found, part):
+            raise Unavailable(f"refimpl.{name} is not available")
+        found = getattr(found, part)
+    return found
 
 
 def _matrix(n: int, rng: np.random.Generator) -> np.ndarray:
@@ -320,12 +328,12 @@ def bench_dense(name, n, rng, density, bandwidth) -> Variant:
 
 
 def bench_blocked(function: str):
-    """A full variable, the gradient blocked by ``refimpl.<function>(w, mask)``."""
+    """A full variable, the gradient blocked by ``refimpl.tf.<function>(w, mask)``."""
 
     def build(name, n, rng, density, bandwidth) -> Variant:
         w = tf.Variable(_matrix(n, rng), name="w")
         mask = random_mask(n, density, rng)
-        wrap, k = _lib(function), int(mask.sum())
+        wrap, k = _lib(f"tf.{function}"), int(mask.sum())
         if function == "one_hot_trainable":
             mask = np.argwhere(mask)  # its natural argument: an index list
         return Variant(name, n, [w], lambda x: x @ wrap(w, mask), k, density)
@@ -339,7 +347,7 @@ def bench_masked(*, restore_frozen: bool):
     def build(name, n, rng, density, bandwidth) -> Variant:
         w = tf.Variable(_matrix(n, rng), name="w")
         mask = random_mask(n, density, rng)
-        apply_masked_gradients = _lib("apply_masked_gradients")
+        apply_masked_gradients = _lib("optimizers.apply_masked_gradients")
 
         def update(optimizer, grads, params):
             apply_masked_gradients(
@@ -395,7 +403,7 @@ def bench_diagonal(*, naive: bool):
         if naive:
             forward = lambda x: x @ tf.linalg.diag(w)  # noqa: E731
         else:
-            diagonal_matmul = _lib("diagonal_matmul")
+            diagonal_matmul = _lib("structured.diagonal_matmul")
             forward = lambda x: diagonal_matmul(x, w)  # noqa: E731
         return Variant(name, n, [w], forward, n)
 
@@ -418,7 +426,7 @@ def bench_band(*, naive: bool):
                 return x @ tf.linalg.set_diag(tf.linalg.band_part(w, half, half), ones)
 
             return Variant(name, n, [w], forward, free, bandwidth=bandwidth)
-        banded_matmul = _lib("banded_matmul")
+        banded_matmul = _lib("structured.banded_matmul")
         diags = {
             k: tf.Variable(rng.standard_normal(n - abs(k)).astype("float32"))
             for k in offsets
@@ -454,7 +462,7 @@ def bench_block(*, naive: bool):
                 return x @ tf.concat([top, bottom], axis=0)
 
         else:
-            block_matmul = _lib("block_matmul")
+            block_matmul = _lib("structured.block_matmul")
 
             def forward(x):
                 return block_matmul(x, [[None, upper], [lower, t]])

@@ -184,7 +184,7 @@ def test_from_dense_gives_the_dense_layers_kernel_and_outputs(name):
     np.testing.assert_array_equal(_bits(layer.to_dense().kernel), _bits(dense.kernel))
 
 
-@pytest.mark.parametrize("name", FROM_DENSE)
+@pytest.mark.parametrize("name", ["diagonal", "band", "block"])
 @pytest.mark.parametrize(
     "option",
     [
@@ -193,11 +193,75 @@ def test_from_dense_gives_the_dense_layers_kernel_and_outputs(name):
     ],
     ids=["kernel_regularizer", "kernel_constraint"],
 )
-def test_from_dense_refuses_kernel_regularizers_and_constraints(name, option):
+def test_structured_from_dense_refuses_kernel_regularizers_and_constraints(
+    name, option
+):
     make, keep = _structure(name)
     dense = _dense(keep.shape[1], _fitting_kernel(keep), **option)
     with pytest.raises(ValueError, match=next(iter(option))):
         make(dense)
+
+
+def test_partial_from_dense_moves_an_l2_kernel_regularizer_to_the_free_values():
+    kernel = np.random.default_rng(2).normal(size=(N, 4)).astype("float32")
+    dense = _dense(4, kernel, kernel_regularizer=keras.regularizers.L2(0.1))
+    layer = PartialDense.from_dense(dense, MASK)
+    # Only the free entries are penalized: the frozen part is a constant.
+    (loss,) = layer.losses
+    expected = 0.1 * np.sum(kernel[MASK].astype("float64") ** 2)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(loss), expected, rtol=1e-6)
+    # The plain layer still penalizes its whole kernel.
+    (dense_loss,) = dense.losses
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(dense_loss),
+        0.1 * np.sum(kernel.astype("float64") ** 2),
+        rtol=1e-6,
+    )
+
+
+def test_partial_from_dense_honours_a_non_neg_kernel_constraint_on_the_free_values():
+    kernel = np.random.default_rng(2).normal(size=(N, 4)).astype("float32")
+    assert (kernel[~MASK] < 0).any()  # frozen negatives, which must stay
+    dense = _dense(
+        4,
+        np.where(MASK, np.abs(kernel), kernel),
+        kernel_constraint=keras.constraints.NonNeg(),
+        use_bias=False,
+    )
+    start = keras.ops.convert_to_numpy(dense.kernel)
+    layer = PartialDense.from_dense(dense, MASK)
+    model = keras.Sequential([keras.Input((N,)), layer])
+    model.compile(optimizer=keras.optimizers.SGD(10.0), loss="mse")
+    # Targets far below the outputs push the free values negative.
+    positive = np.abs(X)
+    model.fit(positive, np.full((16, 4), -100.0, "float32"), epochs=1, verbose=0)
+    after = keras.ops.convert_to_numpy(layer.kernel)
+    assert (after[MASK] == 0.0).any(), "the constraint never acted"
+    assert (after[MASK] >= 0.0).all()
+    refimpl.testing.assert_frozen(start, after, MASK)
+
+
+@pytest.mark.parametrize(
+    "constraint",
+    [
+        keras.constraints.MaxNorm(1.0),
+        keras.constraints.UnitNorm(),
+        keras.constraints.MinMaxNorm(0.5, 1.0),
+    ],
+    ids=["max_norm", "unit_norm", "min_max_norm"],
+)
+def test_partial_from_dense_refuses_a_kernel_constraint_that_is_not_elementwise(
+    constraint,
+):
+    dense = _dense(4, kernel_constraint=constraint)
+    with pytest.raises(ValueError, match="kernel_constraint"):
+        PartialDense.from_dense(dense, MASK)
+
+
+def test_partial_from_dense_refuses_a_kernel_regularizer_that_is_not_elementwise():
+    dense = _dense(4, kernel_regularizer=keras.regularizers.OrthogonalRegularizer())
+    with pytest.raises(ValueError, match="kernel_regularizer"):
+        PartialDense.from_dense(dense, MASK)
 
 
 @pytest.mark.parametrize("name", ["diagonal", "band", "block"])
@@ -217,7 +281,7 @@ def test_partial_dense_from_dense_keeps_every_entry_whatever_the_mask():
     dense = _dense(4, kernel)
     for mode in ("delta", "select"):
         layer = PartialDense.from_dense(dense, MASK, mode=mode)
-        assert layer.resolved_mode == mode
+        assert layer.partial_mode == mode
         np.testing.assert_array_equal(_bits(layer.kernel), _bits(kernel))
         np.testing.assert_array_equal(layer.trainable_mask, MASK)
 

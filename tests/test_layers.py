@@ -12,7 +12,6 @@ from refimpl import (
     BlockDense,
     DiagonalDense,
     PartialDense,
-    PartialVariable,
 )
 from refimpl.testing import assert_frozen, count_free_parameters, moved
 
@@ -196,11 +195,19 @@ def test_from_config_round_trip_gives_the_same_layer(name):
     layer(x)
     config = layer.get_config()
     init_args = set(inspect.signature(type(layer).__init__).parameters)
+    if isinstance(layer, PartialDense):
+        # No arrays in a config: the mask travels as the positions, with the
+        # weights; the config holds its size and the resolved mode instead.
+        assert "trainable_mask" not in config
+        assert config["num_free"] == layer.num_free
+        assert config["mode"] == layer.partial_mode
+        init_args -= {"trainable_mask"}
     assert init_args - {"self", "kwargs"} <= set(config)
     clone = type(layer).from_config(config)
     clone.build((None, n))
     clone.set_weights(layer.get_weights())
     assert clone.get_config() == config
+    np.testing.assert_array_equal(clone.trainable_mask, layer.trainable_mask)
     np.testing.assert_array_equal(clone(x), layer(x))
 
 
@@ -276,8 +283,8 @@ def test_partial_dense_modes_build_the_same_kernel():
     for layer in kernels:
         layer.build((None, 5))
     np.testing.assert_array_equal(kernels[0].kernel, kernels[1].kernel)
-    assert kernels[0].free.shape == (RANDOM_MASK.sum(),)
-    assert kernels[1].free.shape == RANDOM_MASK.shape
+    assert kernels[0].partial_free.shape == (RANDOM_MASK.sum(),)
+    assert kernels[1].partial_free.shape == RANDOM_MASK.shape
 
 
 @pytest.mark.parametrize(
@@ -297,25 +304,41 @@ def test_partial_dense_with_nothing_free_trains_only_the_bias(nothing):
     assert count_free_parameters(layer) == 2
 
 
-def test_partial_dense_defaults_to_delta_and_its_kernel_is_a_partial_variable():
+def test_partial_dense_is_a_dense_defaulting_to_delta_with_its_kernel_frozen():
     layer = PartialDense(4, RANDOM_MASK)
     layer.build((None, 5))
-    assert layer.mode == layer.resolved_mode == "delta"
-    assert isinstance(layer.partial_kernel, PartialVariable)
-    assert {w.name for w in layer.trainable_weights} == {"free", "bias"}
+    assert isinstance(layer, keras.layers.Dense)
+    assert layer.partial_mode == layer.get_config()["mode"] == "delta"
+    assert layer.num_free == RANDOM_MASK.sum()
+    # The Dense's own kernel variable is the frozen base.
+    assert layer.base_weight is layer._kernel
+    assert not layer.base_weight.trainable
+    assert not layer.partial_positions.trainable
+    assert keras.backend.standardize_dtype(layer.partial_positions.dtype) == "int32"
+    assert {w.name for w in layer.trainable_weights} == {"partial_free", "bias"}
     assert {w.path for w in layer.weights} == {
-        f"{layer.name}/kernel/free",
-        f"{layer.name}/kernel/base",
-        f"{layer.name}/kernel/positions",
+        f"{layer.name}/kernel",
         f"{layer.name}/bias",
+        f"{layer.name}/partial_free",
+        f"{layer.name}/partial_positions",
     }
+    # The positions are the mask's flat row-major positions.
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(layer.partial_positions),
+        np.flatnonzero(RANDOM_MASK),
+    )
 
 
 def test_partial_dense_weight_order_is_the_documented_one():
     layer = PartialDense(4, RANDOM_MASK)
     layer.build((None, 5))
-    # Keras lists a layer's own weights before its sub-layer's.
-    assert [w.name for w in layer.weights] == ["bias", "free", "base", "positions"]
+    # Dense's own weights first, then the two a partial layer adds.
+    assert [w.name for w in layer.weights] == [
+        "kernel",
+        "bias",
+        "partial_free",
+        "partial_positions",
+    ]
 
 
 def test_partial_dense_auto_mode_resolves_by_density_and_default_does_not():
@@ -327,9 +350,9 @@ def test_partial_dense_auto_mode_resolves_by_density_and_default_does_not():
     }
     for layer in layers.values():
         layer.build((None, 5))
-    assert layers["default_dense"].resolved_mode == "delta"
-    assert layers["auto_dense"].resolved_mode == "select"
-    assert layers["auto_sparse"].resolved_mode == "delta"
+    assert layers["default_dense"].partial_mode == "delta"
+    assert layers["auto_dense"].partial_mode == "select"
+    assert layers["auto_sparse"].partial_mode == "delta"
     assert layers["auto_dense"].get_config()["mode"] == "select"
 
 
@@ -531,7 +554,9 @@ def test_kernel_of_an_unbuilt_layer_raises():
         pytest.skip(
             "a torch layer is an nn.Module, whose __getattr__ replaces the message"
         )
-    with pytest.raises(AttributeError, match="Build the layer"):
+    with pytest.raises(
+        AttributeError, match="You must build the layer before accessing `kernel`"
+    ):
         PartialDense(2, np.zeros((3, 2), bool)).kernel  # noqa: B018
 
 
