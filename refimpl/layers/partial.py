@@ -234,9 +234,14 @@ class PartialWeightMixin:
 
     def get_config(self) -> dict:
         config = super().get_config()
-        config["num_free"] = self._partial_num_free
-        config["mode"] = self._partial_mode
-        config["auto"] = self._partial_auto
+        if hasattr(self, "_partial_num_free"):
+            shell = (self._partial_num_free, self._partial_mode, self._partial_auto)
+        elif getattr(self, "_partial_shell", None) is not None:
+            shell = self._partial_shell
+        else:  # a PartialDense not built yet
+            mask, mode = self._partial_given
+            shell = (_count(mask), mode, False)
+        config["num_free"], config["mode"], config["auto"] = shell
         return config
 
     @classmethod
@@ -273,6 +278,14 @@ class PartialWeightMixin:
         plain.set_weights(weights)
         plain.trainable = self.trainable
         return plain
+
+
+def _count(mask) -> int:
+    """The number of free entries of a mask or index list, before any shape."""
+    array = np.asarray(keras.ops.convert_to_numpy(mask))
+    if array.dtype == bool or np.issubdtype(array.dtype, np.floating):
+        return int((array != 0).sum())
+    return int(array.shape[0]) if array.size else 0
 
 
 def _is_partial_weight(variable) -> bool:
