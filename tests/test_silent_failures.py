@@ -107,7 +107,9 @@ def test_a_short_name_matching_several_layers_converts_every_one():
             lambda: refimpl.BandedDense(1, 1, fixed_diagonal=2.0), id="banded_fixed"
         ),
         pytest.param(
-            lambda: refimpl.BlockDense([[0.5 * np.eye(3), "trainable"]], col_sizes=[3, 2]),
+            lambda: refimpl.BlockDense(
+                [[0.5 * np.eye(3), "trainable"]], col_sizes=[3, 2]
+            ),
             id="block_fixed",
         ),
     ],

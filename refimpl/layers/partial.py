@@ -369,6 +369,7 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
             )
         _check_constraint(self.kernel_constraint, self.name)
         self._partial_given = (trainable_mask, mode)
+        self._partial_shell = None
         if trainable_mask is None:
             self._partial_shell = (num_free, mode, bool(auto))
 
