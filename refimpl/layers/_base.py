@@ -9,19 +9,27 @@ from refimpl import _compat, backend
 from refimpl.masks import describe
 from refimpl.structured import block_sizes, check_rectangular
 
+# Dense arguments a kernel built from its structure cannot take.
+_NOT_FOR_STRUCTURE = (
+    "kernel_regularizer",
+    "kernel_constraint",
+    "lora_rank",
+    "lora_alpha",
+    "quantization_config",
+)
 
-class StructuredDense(keras.layers.Layer):
-    """``activation(x @ kernel + bias)``; subclasses say how ``x @ kernel`` runs.
 
-    The contract of a subclass:
+class StructuredDense(keras.layers.Dense):
+    """A ``keras.layers.Dense`` whose kernel is built from the values of its structure.
 
-    * ``build`` creates the kernel's weights (only free values trainable) and
-      calls ``_build_bias``; arrays (masks, fixed values) are weights, never
-      ``get_config`` entries;
-    * ``_product(x, dtype)``, ``_kernel(dtype)``, ``_trainable_mask()`` and
-      ``_units_for(n)`` say how the kernel is used, built and shaped;
-    * ``from_dense(dense, ...)`` copies a built ``keras.layers.Dense``;
-      ``to_dense()`` (here) returns one.
+    It is Dense, ``activation(x @ kernel + bias)``, with what differs
+    overridden: ``build`` creates only the structure's values (fixed ones as
+    non-trainable weights, never ``get_config`` entries), ``kernel`` builds
+    the dense kernel from them, and ``call`` multiplies by the structure
+    without building it. The contract of a subclass: ``build`` (ending in
+    ``_build_bias``), ``_product(x, dtype)``, ``_kernel(dtype)``,
+    ``_trainable_mask()`` and ``_units_for(n)``; ``from_dense`` copies a
+    built Dense and ``to_dense()`` (here) returns one.
     """
 
     def __init__(
@@ -33,20 +41,33 @@ class StructuredDense(keras.layers.Layer):
         bias_initializer,
         bias_regularizer=None,
         bias_constraint=None,
+        units=None,
         **kwargs,
     ):
-        super().__init__(**kwargs)
         if not isinstance(use_bias, bool):
             raise TypeError(
                 f"`use_bias` must be a bool. Received: use_bias={describe(use_bias)}"
             )
-        self.activation = keras.activations.get(activation)
-        self.use_bias = use_bias
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
-        self.bias_constraint = keras.constraints.get(bias_constraint)
-        self.input_spec = keras.layers.InputSpec(min_ndim=2)
+        for name in _NOT_FOR_STRUCTURE:
+            value = kwargs.pop(name, None)
+            if value is not None:
+                raise ValueError(
+                    f"`{name}` does not apply to {type(self).__name__}, whose "
+                    "kernel is built from the values of its structure. "
+                    f"Received: {name}={describe(value)}"
+                )
+        # Dense wants its units now; a square layer knows them when built.
+        super().__init__(
+            units or 1,
+            activation=activation,
+            use_bias=use_bias,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+            bias_regularizer=bias_regularizer,
+            bias_constraint=bias_constraint,
+            **kwargs,
+        )
+        self.units = units
         # The names of fixed weights whose values come with the saved weights
         # (a shell's), checked once before the first use.
         self._from_weights: list = []
@@ -69,9 +90,10 @@ class StructuredDense(keras.layers.Layer):
                 regularizer=self.bias_regularizer,
                 constraint=self.bias_constraint,
             )
+        self.units = units
         self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: input_dim})
 
-    def call(self, inputs):
+    def call(self, inputs, training=None):
         self._check_loaded()
         y = self._product(inputs, self.compute_dtype)
         if self.bias is not None:
@@ -82,7 +104,7 @@ class StructuredDense(keras.layers.Layer):
     def kernel(self):
         """The dense kernel ``[input_dim, units]``, in the variable dtype."""
         if not self.built:
-            raise AttributeError("Build the layer before reading its `kernel`.")
+            raise AttributeError("You must build the layer before accessing `kernel`.")
         self._check_loaded()
         return self._kernel(self.variable_dtype)
 
@@ -130,16 +152,31 @@ class StructuredDense(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return (*input_shape[:-1], self._units_for(input_shape[-1]))
 
+    # Dense saves and loads `_kernel` and the bias; these layers save their own
+    # weights, as any Keras layer does.
+    def save_own_variables(self, store):
+        keras.layers.Layer.save_own_variables(self, store)
+
+    def load_own_variables(self, store):
+        keras.layers.Layer.load_own_variables(self, store)
+
+    def enable_lora(self, *args, **kwargs):
+        raise NotImplementedError(
+            f"{type(self).__name__} trains only the values of its structure; LoRA "
+            "adds a dense update. Call `to_dense()` first for a LoRA Dense layer."
+        )
+
+    def quantize(self, *args, **kwargs):
+        raise NotImplementedError(
+            f"{type(self).__name__} has no dense kernel to quantize. Call "
+            "`to_dense()` first."
+        )
+
     def get_config(self) -> dict:
-        config = {
-            "activation": keras.activations.serialize(self.activation),
-            "use_bias": self.use_bias,
-            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-            "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
-            "bias_constraint": keras.constraints.serialize(self.bias_constraint),
-        }
-        return {**super().get_config(), **config}
+        config = super().get_config()  # Dense's, less what does not apply
+        for name in ("units", *_NOT_FOR_STRUCTURE):
+            config.pop(name, None)
+        return config
 
 
 def dense_arguments(dense, name: str = "dense") -> tuple[np.ndarray, dict]:

@@ -22,6 +22,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from refimpl import selection
 from refimpl.layers._base import (
     StructuredDense,
     check_outside,
@@ -135,7 +136,8 @@ class DiagonalDense(StructuredDense):
         return diagonal(ops.cast(self.diagonal, dtype))
 
     def _trainable_mask(self):
-        return np.eye(self.diagonal.shape[0], dtype=bool)
+        n = self.diagonal.shape[0]
+        return selection.diagonal_mask((n, n))
 
 
 @keras.saving.register_keras_serializable(package="refimpl")
@@ -308,9 +310,11 @@ class BandedDense(StructuredDense):
         return banded(*self._diagonals(dtype))
 
     def _trainable_mask(self):
-        i, j = np.indices((self._n, self._n))
-        band = (j - i >= -self.lower) & (j - i <= self.upper)
-        return band & ~((i == j) & (self._fixed is not None))
+        shape = (self._n, self._n)
+        band = selection.band_mask(shape, self.lower, self.upper)
+        if self._fixed is not None:  # the main diagonal is fixed
+            band &= ~selection.diagonal_mask(shape)
+        return band
 
     def get_config(self) -> dict:
         config = {
@@ -494,15 +498,14 @@ class BlockDense(StructuredDense):
         return block(self._rows(dtype))
 
     def _trainable_mask(self):
-        return np.block(
-            [
-                [
-                    np.full((h, w), _kind(b) == "block")
-                    for b, w in zip(row, self._widths)
-                ]
-                for row, h in zip(self._grid, self._heights)
-            ]
-        )
+        trainable = [
+            (i, j)
+            for i, row in enumerate(self._grid)
+            for j, b in enumerate(row)
+            if _kind(b) == "block" and b is not None
+        ]
+        shape = (sum(self._heights), sum(self._widths))
+        return selection.block_mask(shape, self._heights, self._widths, trainable)
 
     def get_config(self) -> dict:
         layout = [
