@@ -6,12 +6,8 @@ import keras
 import numpy as np
 
 from refimpl import _compat
-from refimpl.layers.partial import (
-    PartialWeightMixin,
-    enable_partial,
-    supported_classes,
-    target_weight,
-)
+from refimpl.layers.enable import enable_partial, supported_classes, target_weight
+from refimpl.layers.partial import PartialWeightMixin
 from refimpl.masks import describe, to_mask
 from refimpl.ops import check_mode
 

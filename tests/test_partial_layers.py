@@ -22,7 +22,7 @@ import pytest
 
 import refimpl
 from refimpl import selection
-from refimpl.layers.partial import PARTIAL_CLASSES, partial_class
+from refimpl.layers.enable import PARTIAL_CLASSES, partial_class
 
 pytestmark = pytest.mark.every_backend
 
@@ -223,7 +223,7 @@ def test_original_weights_file_and_the_converted_model(name, tmp_path):
     other, _, _ = _setup(name, seed=1)  # the same model, other starting weights
     converted = refimpl.partialize(other, {"target": mask})
     assert not np.array_equal(converted.predict(x, verbose=0), expected)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="could not be loaded"):
         converted.load_weights(path)
     assert not np.array_equal(converted.predict(x, verbose=0), expected)
 

@@ -65,9 +65,9 @@ def _model(w, mask, mode="sparse", **kwargs):
     return keras.Sequential([keras.Input((N_IN,)), layer])
 
 
-def _trained_free(pv, rng):
-    """Give the free values new ones, so that they differ from the base's."""
-    pv.free.assign(rng.normal(size=tuple(pv.free.shape)).astype("float32"))
+def _trained_free(free, rng):
+    """Give the free values (a variable) new ones, different from the base's."""
+    free.assign(rng.normal(size=tuple(free.shape)).astype("float32"))
 
 
 # --- the product -----------------------------------------------------------------
@@ -90,13 +90,16 @@ def test_sparse_matmul_equals_the_composed_product_whatever_the_base_holds():
     y3 = _numpy(sparse_matmul(x3, w, positions, free))
     assert y3.shape == (2, 8, N_OUT)
     np.testing.assert_allclose(y3[1], 2 * x @ composed, rtol=1e-5, atol=1e-5)
+    y1 = _numpy(sparse_matmul(x[0], w, positions, free))  # one input vector
+    assert y1.shape == (N_OUT,)
+    np.testing.assert_allclose(y1, x[0] @ composed, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["sparse", "delta", "select", "auto"])
 def test_matmul_equals_x_times_value_in_every_mode(mode):
     w, mask, x, _ = _case()
     pv = refimpl.PartialVariable(w, mask, mode=mode)
-    _trained_free(pv, np.random.default_rng(2))
+    _trained_free(pv.free, np.random.default_rng(2))
     expected = x @ _numpy(pv.value())
     np.testing.assert_allclose(_numpy(pv.matmul(x)), expected, rtol=1e-5, atol=1e-5)
     if pv.product_mode() != "sparse":  # the same product, bit for bit
@@ -113,7 +116,7 @@ def test_sparse_value_composes_like_delta_bit_for_bit():
         tuple(v.shape) for v in delta.weights
     ]
     np.testing.assert_array_equal(_numpy(sparse.value()), w)
-    _trained_free(sparse, np.random.default_rng(3))
+    _trained_free(sparse.free, np.random.default_rng(3))
     delta.free.assign(sparse.free)
     np.testing.assert_array_equal(_numpy(sparse.value()), _numpy(delta.value()))
 
@@ -128,7 +131,7 @@ def test_gradient_of_the_free_values_equals_the_dense_reference():
     w, mask, x, _ = _case()
     model = _model(w, mask)
     layer = model.layers[0]
-    _trained_free(layer.partial_kernel, np.random.default_rng(4))
+    _trained_free(layer.partial_free, np.random.default_rng(4))
     dense = keras.Sequential(
         [keras.Input((N_IN,)), keras.layers.Dense(N_OUT, use_bias=False)]
     )
@@ -185,7 +188,8 @@ def test_mixed_precision_computes_in_float16_and_keeps_frozen_entries():
     )
     model.compile(optimizer=keras.optimizers.AdamW(0.05, weight_decay=0.5), loss="mse")
     model.fit(x, y, epochs=3, batch_size=4, verbose=0)
-    assert layer.free.dtype == "float32" and layer.base.dtype == "float32"
+    assert layer.partial_free.dtype == "float32"
+    assert layer.base_weight.dtype == "float32"
     refimpl.testing.assert_frozen(w, _numpy(layer.kernel), mask)
     np.testing.assert_array_equal(refimpl.testing.moved(w, _numpy(layer.kernel)), mask)
 
@@ -202,11 +206,19 @@ def test_keras_round_trip_keeps_mode_values_and_outputs(tmp_path):
     model.save(path)
     loaded = keras.saving.load_model(path)
     layer = loaded.layers[0]
-    assert layer.resolved_mode == "sparse" and layer.partial_kernel.mode == "sparse"
+    assert layer.partial_mode == "sparse" and layer.product_mode() == "sparse"
     np.testing.assert_array_equal(_numpy(layer.kernel), _numpy(model.layers[0].kernel))
     np.testing.assert_array_equal(layer.trainable_mask, mask)
+    # The file holds the composed kernel, which the loaded layer takes as its
+    # base: its free values equal the base's there, so its sparse product is
+    # the plain product by the trained kernel, bit for bit ...
+    plain = keras.Sequential([keras.Input((N_IN,)), model.layers[0].to_dense()])
     np.testing.assert_array_equal(
-        loaded.predict(x, verbose=0), model.predict(x, verbose=0)
+        loaded.predict(x, verbose=0), plain.predict(x, verbose=0)
+    )
+    # ... and the trained model's (x @ base + x @ S) up to rounding.
+    np.testing.assert_allclose(
+        loaded.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-5, atol=1e-6
     )
 
 
@@ -219,12 +231,16 @@ def test_auto_round_trip_keeps_the_trace_time_choice(tmp_path):
     mask.flat[rng.choice(n * n, k, replace=False)] = True
     layer = refimpl.PartialDense(n, mask, mode="auto")
     model = keras.Sequential([keras.Input((n,)), layer])
-    assert layer.resolved_mode == "sparse" and layer.partial_kernel.auto
+    assert layer.partial_mode == "sparse" and layer.get_config()["auto"] is True
     path = tmp_path / "auto.keras"
     model.save(path)
     loaded = keras.saving.load_model(path).layers[0]
-    assert loaded.resolved_mode == "sparse" and loaded.partial_kernel.auto
-    assert loaded.get_config()["auto"] is True
+    assert loaded.partial_mode == "sparse" and loaded.get_config()["auto"] is True
+    # Outside a traced step the product follows the backend's XLA use.
+    for each in (layer, loaded):
+        assert each.product_mode() == refimpl.ops.choose_mode(
+            mask, jit_compile=xla_enabled()
+        )
 
 
 def test_weights_saved_in_delta_mode_load_into_a_sparse_layer(tmp_path):
@@ -236,9 +252,15 @@ def test_weights_saved_in_delta_mode_load_into_a_sparse_layer(tmp_path):
     delta.save_weights(path)
     sparse = _model(np.zeros_like(w), mask, mode="sparse")
     sparse.load_weights(path)
-    # The base holds the original values at the free positions, not zeros.
-    base = _numpy(sparse.layers[0].base)
-    np.testing.assert_array_equal(base[mask], w[mask])
+    # The file holds the trained kernel, composed: it becomes the base (not
+    # the zeros the sparse layer started from), and the free values are its
+    # entries at the free positions.
+    trained = _numpy(delta.layers[0].kernel)
+    layer = sparse.layers[0]
+    np.testing.assert_array_equal(_numpy(layer.base_weight), trained)
+    np.testing.assert_array_equal(_numpy(layer.partial_free), trained[mask])
+    np.testing.assert_array_equal(_numpy(layer.kernel), trained)
+    refimpl.testing.assert_frozen(w, trained, mask)
     np.testing.assert_allclose(
         sparse.predict(x, verbose=0), delta.predict(x, verbose=0), rtol=1e-5, atol=1e-5
     )
@@ -313,7 +335,7 @@ def test_tf_function_and_xla_give_the_dense_reference_gradient(mode, jit_compile
 
     w, mask, x, _ = _case()
     pv = refimpl.PartialVariable(w, mask, mode=mode)
-    _trained_free(pv, np.random.default_rng(6))
+    _trained_free(pv.free, np.random.default_rng(6))
     grad, y = _tf_gradients(pv, x, jit_compile=jit_compile)
     kernel = tf.Variable(pv.value())
     with tf.GradientTape() as tape:

@@ -297,13 +297,13 @@ def test_products_work_inside_tf_function():
         pytest.param(
             lambda: compose(tf.zeros(3), [[1]], tf.ones(2)),
             ValueError,
-            "one value per index",
+            "`free` must have shape (1,)",
             id="scatter_count",
         ),
         pytest.param(
             lambda: compose(tf.zeros(3), [[1]], tf.ones(1, tf.float64)),
             TypeError,
-            "dtype",
+            "`free` must have the base's dtype",
             id="scatter_dtype",
         ),
     ],

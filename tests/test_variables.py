@@ -151,6 +151,24 @@ def test_compose_modes_agree(case):
     np.testing.assert_array_equal(delta, select)
 
 
+def test_compose_takes_flat_positions_an_index_list_or_a_mask():
+    base = np.arange(6, dtype="float32").reshape(2, 3)
+    mask = np.array([[False, True, False], [True, False, True]])
+    free = np.float32([10.0, 20.0, 30.0])  # in row-major order
+    expected = np.float32([[0.0, 10.0, 2.0], [20.0, 4.0, 30.0]])
+    dense_free = np.float32([[-1.0, 10.0, -1.0], [20.0, -1.0, 30.0]])
+    for positions in (np.array([1, 3, 5]), [[0, 1], [1, 0], [1, 2]], mask):
+        np.testing.assert_array_equal(compose(base, positions, free), expected)
+        np.testing.assert_array_equal(
+            compose(base, positions, dense_free, mode="select"), expected
+        )
+        # `mask=`: the select form's mask, precomputed as a tensor.
+        np.testing.assert_array_equal(
+            compose(base, positions, dense_free, mode="select", mask=tf.constant(mask)),
+            expected,
+        )
+
+
 def test_choose_mode_follows_the_density_threshold():
     mask = np.zeros(100, bool)
     mask[: int(np.ceil(SELECT_ABOVE_DENSITY * 100))] = True
@@ -282,12 +300,6 @@ def test_a_shell_filled_by_set_weights_equals_the_original():
             ValueError,
             "`mode`",
             id="compose_mode",
-        ),
-        pytest.param(
-            lambda: compose(tf.zeros(3), [[0]], tf.ones(1), mask=[False, True, False]),
-            ValueError,
-            "`mask`",
-            id="mask_disagrees",
         ),
         pytest.param(lambda: choose_mode([[0]]), TypeError, "boolean", id="choose_idx"),
         pytest.param(

@@ -8,8 +8,10 @@
   values of its structure, multiplied without building it.
 """
 
-from refimpl.layers.partial import PartialDense, enable_partial, partial_class
-from refimpl.layers.structured import BandedDense, BlockDense, DiagonalDense
+from refimpl.layers.block import BlockDense
+from refimpl.layers.dense import PartialDense
+from refimpl.layers.enable import enable_partial, partial_class
+from refimpl.layers.structured import BandedDense, DiagonalDense
 
 __all__ = [
     "BandedDense",

@@ -6,8 +6,8 @@ import keras
 import numpy as np
 
 from refimpl import _compat, backend
+from refimpl._blocks import block_sizes, check_rectangular
 from refimpl.masks import describe
-from refimpl.structured import block_sizes, check_rectangular
 
 # Dense arguments a kernel built from its structure cannot take.
 _NOT_FOR_STRUCTURE = (

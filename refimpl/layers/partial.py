@@ -26,33 +26,22 @@ without touching the base) followed by the positions; :meth:`to_dense` and
 
 from __future__ import annotations
 
-import types
-
 import keras
 import numpy as np
 
 from refimpl import _compat, backend
-from refimpl.masks import describe, mask_shape, to_mask
 from refimpl.ops import (
     SelectMask,
-    check_mode,
     compose,
     index_dtype,
     mode_for,
-    sparse_matmul,
     xla_enabled,
 )
 from refimpl.ops import (
     initializer as _constant,
 )
 
-__all__ = [
-    "PARTIAL_CLASSES",
-    "PartialDense",
-    "enable_partial",
-    "partial_class",
-    "supported_classes",
-]
+__all__ = ["PartialWeightMixin"]
 
 _ELEMENTWISE_REGULARIZERS = (
     keras.regularizers.L1,
@@ -68,6 +57,8 @@ class PartialWeightMixin:
     """What a partial class adds to its Keras class (see the module docstring)."""
 
     _partial_target = "kernel"
+    # Whether `call` has a sparse product (only a Dense's does).
+    _partial_sparse_product = False
 
     # -- the weight the layer's call reads ----------------------------------
     def _partial_value(self, value):
@@ -92,7 +83,7 @@ class PartialWeightMixin:
         if mode == "auto":
             mode = mode_for(num_free, shape, jit_compile=False)
             auto = mode != "select"
-        if mode == "sparse" and not isinstance(self, PartialDense):
+        if mode == "sparse" and not self._partial_sparse_product:
             raise ValueError(
                 "`mode` 'sparse' is a matrix product, which only a Dense layer "
                 f"computes through its kernel. Received: mode='sparse' for layer "
@@ -301,203 +292,8 @@ def _composing(plain_class, target):
     return property(fget, doc=f"The {target}: the frozen base with the free values.")
 
 
-@keras.saving.register_keras_serializable(package="refimpl")
-class PartialDense(PartialWeightMixin, keras.layers.Dense):
-    """A ``keras.layers.Dense`` whose kernel is trainable only in a mask.
-
-    The partial class of ``Dense``: what :func:`refimpl.partialize` and
-    :func:`enable_partial` make of a Dense layer, and the layer to build from
-    a mask. Every ``Dense`` argument works as for Dense; the kernel
-    initializer draws the whole starting kernel (the frozen entries and the
-    free values' start).
-
-    Args:
-        units: the output size, as for Dense.
-        trainable_mask: the trainable kernel entries: a boolean mask of shape
-            ``[input_dim, units]`` or an index list of shape ``[k, 2]``.
-        mode: ``"delta"`` (the default: ``k`` trainable values), ``"sparse"``
-            (the same weights; the product never composes the kernel, the
-            fastest form below a few percent free), ``"select"`` (a
-            kernel-sized trainable weight, filtered) or ``"auto"``
-            (:func:`refimpl.ops.choose_mode`).
-        num_free, auto: only without a mask: the shell ``from_config`` builds,
-            whose positions and values come with the saved weights.
-        **kwargs: every other ``keras.layers.Dense`` argument.
-
-    >>> layer = PartialDense(2, [[0, 0], [2, 1]], use_bias=False)
-    >>> layer.build((None, 3))
-    >>> [(w.name, tuple(w.shape), w.trainable) for w in layer.weights]
-    [('kernel', (3, 2), False), ('partial_free', (2,), True), \
-('partial_positions', (2,), False)]
-    """
-
-    kernel = _composing(keras.layers.Dense, "kernel")
-
-    def __init__(
-        self,
-        units,
-        trainable_mask=None,
-        *,
-        mode: str = "delta",
-        num_free: int | None = None,
-        auto: bool = False,
-        **kwargs,
-    ):
-        if isinstance(units, bool) or not isinstance(units, (int, np.integer)):
-            raise TypeError(
-                f"`units` must be a positive int. Received: units={describe(units)}"
-            )
-        super().__init__(int(units), **kwargs)
-        check_mode(mode)
-        shape = None if trainable_mask is None else mask_shape(trainable_mask)
-        if shape is not None and shape[1:] != (self.units,):
-            raise ValueError(
-                f"`trainable_mask` must have shape [input_dim, {self.units}]. "
-                f"Received a mask of shape {shape}"
-            )
-        if trainable_mask is None and num_free is None:
-            raise ValueError(
-                "`trainable_mask` is required: a boolean mask of shape "
-                f"[input_dim, {self.units}] or an index list of shape [k, 2]. "
-                "Received: trainable_mask=None"
-            )
-        if trainable_mask is not None and num_free is not None:
-            raise ValueError(
-                "`num_free` is only for a shell rebuilt from a config, which has "
-                "no `trainable_mask`: give one or the other. "
-                f"Received: num_free={describe(num_free)} with a trainable_mask"
-            )
-        _check_constraint(self.kernel_constraint, self.name)
-        self._partial_given = (trainable_mask, mode)
-        self._partial_shell = None
-        if trainable_mask is None:
-            self._partial_shell = (num_free, mode, bool(auto))
-
-    def build(self, input_shape):
-        keras.layers.Dense.build(self, input_shape)
-        shell = getattr(self, "_partial_shell", None)
-        given = getattr(self, "_partial_given", (None, None))
-        if shell is not None:
-            self._partial_add_weights(shell[0], None, shell[1], shell[2])
-        elif given[0] is not None:
-            shape = tuple(self._kernel.shape)
-            mask = to_mask(given[0], shape, name="trainable_mask")
-            positions = np.flatnonzero(mask)
-            self._partial_add_weights(len(positions), positions, given[1], False)
-
-    def call(self, inputs, training=None):
-        if (
-            getattr(self, "partial_free", None) is None
-            or self.product_mode() != "sparse"
-        ):
-            return super().call(inputs, training=training)
-        self._partial_check_loaded()
-        x = sparse_matmul(
-            inputs,
-            self._kernel.value,
-            self.partial_positions.value,
-            self.partial_free.value,
-        )
-        if self.bias is not None:
-            x = keras.ops.add(x, self.bias)
-        return self.activation(x) if self.activation is not None else x
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
-
-    @classmethod
-    def from_dense(cls, dense, trainable_mask, *, mode: str = "delta") -> PartialDense:
-        """A partial copy of a built ``keras.layers.Dense``; ``dense`` is unchanged.
-
-        The copy's kernel, bias and outputs equal the Dense layer's, bit for bit.
-
-        >>> dense = keras.layers.Dense(2)
-        >>> dense.build((None, 3))
-        >>> layer = PartialDense.from_dense(dense, np.eye(3, 2, dtype=bool))
-        >>> kernel = keras.ops.convert_to_numpy(layer.kernel)
-        >>> bool(np.array_equal(kernel, keras.ops.convert_to_numpy(dense.kernel)))
-        True
-        """
-        if type(dense) is not keras.layers.Dense or not dense.built:
-            raise TypeError(
-                "`dense` must be a built keras.layers.Dense. "
-                f"Received: dense={describe(dense)}"
-            )
-        kernel_shape = tuple(dense.kernel.shape)
-        to_mask(trainable_mask, kernel_shape, name="trainable_mask")  # names it
-        copy = keras.layers.Dense.from_config(dense.get_config())
-        copy.build_from_config(dense.get_build_config())
-        copy.set_weights([np.array(w) for w in dense.get_weights()])
-        enable_partial(copy, trainable_mask, mode=mode)
-        return copy
-
-
-_PLAIN_TO_PARTIAL: dict[type, type] = {keras.layers.Dense: PartialDense}
-
-
-def _make(plain_class, target="kernel"):
-    name = f"Partial{plain_class.__name__}"
-    cls = type(
-        name,
-        (PartialWeightMixin, plain_class),
-        {
-            "_partial_target": target,
-            target: _composing(plain_class, target),
-            "__module__": __name__,
-            "__qualname__": name,
-            "__doc__": (
-                f"A ``keras.layers.{plain_class.__name__}`` whose ``{target}`` is "
-                "trainable only at some entries: made by :func:`refimpl.partialize` "
-                "or :func:`refimpl.enable_partial`."
-            ),
-        },
-    )
-    _PLAIN_TO_PARTIAL[plain_class] = keras.saving.register_keras_serializable(
-        package="refimpl", name=name
-    )(cls)
-
-
-for _plain in (
-    keras.layers.EinsumDense,
-    keras.layers.Conv1D,
-    keras.layers.Conv2D,
-    keras.layers.Conv3D,
-):
-    _make(_plain)
-_make(keras.layers.Embedding, "embeddings")
-
-
-#: The partial class of every supported Keras layer class (read-only).
-PARTIAL_CLASSES = types.MappingProxyType(_PLAIN_TO_PARTIAL)
-
-
-def supported_classes() -> tuple[type, ...]:
-    """The Keras layer classes that have a partial class."""
-    return tuple(_PLAIN_TO_PARTIAL)
-
-
-def partial_class(layer_class: type) -> type:
-    """The partial class of a Keras layer class (``PartialDense`` for ``Dense``).
-
-    Raises:
-        TypeError: for a class this mechanism does not support.
-    """
-    if layer_class in _PLAIN_TO_PARTIAL.values():
-        return layer_class
-    if layer_class not in _PLAIN_TO_PARTIAL:
-        raise TypeError(
-            "`layer_class` must be one of the Keras layers with a kernel or an "
-            f"embedding table: {[c.__name__ for c in _PLAIN_TO_PARTIAL]}. "
-            f"Received: {getattr(layer_class, '__name__', describe(layer_class))}"
-        )
-    return _PLAIN_TO_PARTIAL[layer_class]
-
-
-def target_weight(layer):
-    """The variable a partial form of ``layer`` freezes (its kernel, embeddings)."""
-    target = "embeddings" if isinstance(layer, keras.layers.Embedding) else "kernel"
-    return getattr(layer, "_" + target)
+# The partial class of each plain class (`PartialDense` adds itself).
+_PLAIN_TO_PARTIAL: dict[type, type] = {}
 
 
 def _check_constraint(constraint, name) -> None:
@@ -510,68 +306,3 @@ def _check_constraint(constraint, name) -> None:
             "technique (`refimpl.FreezeEntries`, `refimpl.MaskedOptimizer`). "
             f"Received: kernel_constraint={type(constraint).__name__}"
         )
-
-
-def enable_partial(layer, mask, *, mode: str = "delta") -> None:
-    """Make a built layer's kernel (or embeddings) trainable only in ``mask``.
-
-    In place, like Keras' ``enable_lora``: the layer becomes an instance of
-    its :func:`partial_class`, its weight becomes the frozen base, and its
-    outputs do not change. Compile the model again after converting.
-
-    Args:
-        layer: a built layer of a supported class (not already partial).
-        mask: the trainable entries of its ``kernel`` (``embeddings`` for an
-            ``Embedding``): a boolean mask of the weight's shape or an index
-            list (see :func:`refimpl.masks.to_mask`).
-        mode: ``"delta"``, ``"select"``, ``"auto"``; ``"sparse"`` for ``Dense``.
-
-    Raises:
-        TypeError: for a layer of another class.
-        ValueError: for a layer that is not built, is already partial, uses
-            LoRA or quantization, has a regularizer or constraint that is not
-            elementwise, or a mask that does not fit.
-    """
-    if not isinstance(layer, keras.layers.Layer):
-        raise TypeError(
-            f"`layer` must be a Keras layer. Received: layer={describe(layer)}"
-        )
-    if isinstance(layer, PartialWeightMixin):
-        raise ValueError(
-            f"`layer` is already partially trainable. Received: layer={layer.name!r}"
-        )
-    plain = type(layer)
-    if plain not in _PLAIN_TO_PARTIAL:
-        raise TypeError(
-            f"`layer` must be one of {[c.__name__ for c in _PLAIN_TO_PARTIAL]}, "
-            f"whose weight this mechanism knows. Received: layer {layer.name!r} "
-            f"of type {plain.__name__}"
-        )
-    check_mode(mode)
-    if not layer.built:
-        raise ValueError(
-            f"`layer` must be built (call the model once). Received: {layer.name!r}"
-        )
-    if getattr(layer, "lora_enabled", False) or getattr(
-        layer, "quantization_mode", None
-    ):
-        raise ValueError(
-            f"`layer` uses LoRA or quantization, which a partial weight does "
-            f"not combine with. Received: {layer.name!r}"
-        )
-    base = target_weight(layer)
-    target = base.path.split("/")[-1]
-    if base.regularizer is not None and not isinstance(
-        base.regularizer, _ELEMENTWISE_REGULARIZERS
-    ):
-        raise ValueError(
-            f"`layer` {layer.name!r} has a regularizer on its {target} that is "
-            "not elementwise (L1, L2 or L1L2), so it cannot be split between "
-            f"free and frozen entries. Received: {target}_regularizer="
-            f"{type(base.regularizer).__name__}"
-        )
-    _check_constraint(base.constraint, layer.name)
-    bool_mask = to_mask(mask, tuple(base.shape), name="mask")
-    layer.__class__ = partial_class(plain)
-    positions = np.flatnonzero(bool_mask)
-    layer._partial_add_weights(len(positions), positions, mode, False)

@@ -35,16 +35,12 @@ import keras
 import numpy as np
 
 from refimpl import _compat, backend
-from refimpl.masks import (
-    check_pairs,
-    describe,
-    mask_constant,
-    pair_masks,
-    variable_pairs,
-)
+from refimpl._pairs import check_pairs, pair_masks
+from refimpl.masks import describe, variable_path
 from refimpl.ops import initializer as _constant
+from refimpl.optimizers.steps import _masked_step
 
-__all__ = ["MaskedOptimizer", "apply_masked_gradients", "mask_gradients"]
+__all__ = ["MaskedOptimizer"]
 
 _BASE_OPTIONS = {
     "weight_decay": None,
@@ -238,7 +234,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             values = backend.read_now(mask)
             if (values == _NOT_LOADED).any():
                 raise _compat.require_loaded(
-                    f"The MaskedOptimizer's mask of '{_path(variable)}'"
+                    f"The MaskedOptimizer's mask of '{variable_path(variable)}'"
                 )
             if ((values > 0) & (values < 1)).any():
                 self._scaled.add(key)
@@ -321,7 +317,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             entries = [
                 {
                     "index": i,
-                    "path": _path(self._trainable_variables[i]),
+                    "path": variable_path(self._trainable_variables[i]),
                     "shape": list(self._trainable_variables[i].shape),
                     "scaled": self._var_key(self._trainable_variables[i])
                     in self._scaled,
@@ -333,7 +329,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             entries = [
                 {
                     "index": None,
-                    "path": _path(v),
+                    "path": variable_path(v),
                     "shape": list(v.shape),
                     "scaled": bool(((a > 0) & (a < 1)).any()),
                 }
@@ -357,166 +353,6 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         return cls(inner, **config)
 
 
-def mask_gradients(grads_and_vars, masks) -> list[tuple]:
-    """Zero the gradient of every frozen entry.
-
-    Args:
-        grads_and_vars: ``(gradient, variable)`` pairs, as passed to
-            ``optimizer.apply_gradients``.
-        masks: a list of ``(variable, mask)`` pairs (``True`` = trainable);
-            variables that no pair names keep their gradient.
-
-    Returns:
-        A new list of ``(gradient, variable)`` pairs: each gradient equal to
-        the original at trainable entries and exactly ``0.0`` at frozen ones
-        (even where it was NaN).
-
-    Raises:
-        TypeError: for pairs that are not pairs, or a non-variable.
-        ValueError: for a ``None`` gradient of a masked variable, a mask that
-            does not fit, or a masked variable that is not in
-            ``grads_and_vars``.
-
-    >>> w = keras.Variable([1.0, 2.0])
-    >>> grad = keras.ops.array([3.0, 4.0])
-    >>> [(g, _)] = mask_gradients([(grad, w)], [(w, [True, False])])
-    >>> keras.ops.convert_to_numpy(g)
-    array([3., 0.], dtype=float32)
-    """
-    grads, variables = _split(grads_and_vars)
-    arrays = pair_masks(masks, variables)
-    _check_gradients(grads, variables, arrays)
-    return [
-        (grad if mask is None else _mask_one(grad, mask_constant(mask)), variable)
-        for grad, variable, mask in zip(grads, variables, arrays, strict=True)
-    ]
-
-
-def _check_gradients(grads, variables, arrays) -> None:
-    """Refuse a ``None`` gradient for a masked variable (it would not train)."""
-    for i, (grad, variable, mask) in enumerate(
-        zip(grads, variables, arrays, strict=True)
-    ):
-        if mask is not None and grad is None:
-            raise ValueError(
-                f"The gradient of the masked variable '{_path(variable)}' "
-                f"(`grads_and_vars[{i}]`) is None: the loss does not depend on "
-                "it. Compute the loss from the variable inside the tape. "
-                f"Received: grads_and_vars[{i}]=(None, {_path(variable)!r})"
-            )
-
-
-def apply_masked_gradients(
-    optimizer, grads_and_vars, masks, *, restore_frozen: bool = False
-) -> None:
-    """Mask the gradients, apply them, and optionally restore frozen entries.
-
-    One step of :class:`MaskedOptimizer`, for a custom loop with an optimizer
-    you already have. Works eagerly on every backend, and on TensorFlow
-    also in ``tf.function`` and under ``tf.distribute`` (in replica context).
-
-    Args:
-        optimizer: a Keras optimizer.
-        grads_and_vars: ``(gradient, variable)`` pairs.
-        masks: a list of ``(variable, mask)`` pairs; a floating-point mask in
-            [0, 1] scales each entry's update.
-        restore_frozen: write the frozen entries back after the update
-            (exact under every optimizer).
-
-    Raises:
-        TypeError: for an optimizer that is not a Keras optimizer, pairs that
-            are not pairs, a non-variable, or a non-bool ``restore_frozen``.
-        ValueError: for a ``None`` gradient of a masked variable, or a mask
-            that does not fit.
-
-    >>> x = keras.Variable([3.0, 2.0])
-    >>> apply_masked_gradients(
-    ...     keras.optimizers.SGD(0.1), [(keras.ops.array([2.0, 10.0]), x)],
-    ...     [(x, [True, False])])
-    >>> keras.ops.convert_to_numpy(x)
-    array([2.8, 2. ], dtype=float32)
-    """
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(
-            "`optimizer` must be a Keras optimizer, such as "
-            f"keras.optimizers.SGD(0.1). Received: optimizer={describe(optimizer)}"
-        )
-    if not isinstance(restore_frozen, bool):
-        raise TypeError(
-            "`restore_frozen` must be True or False. "
-            f"Received: restore_frozen={describe(restore_frozen)}"
-        )
-    grads, variables = _split(grads_and_vars)
-    if not variables:
-        return
-    arrays = pair_masks(masks, variables, scales=True)
-    _check_gradients(grads, variables, arrays)
-    tensors = [None if a is None else keras.ops.convert_to_tensor(a) for a in arrays]
-    scaled = [a is not None and bool(((a > 0) & (a < 1)).any()) for a in arrays]
-    _masked_step(optimizer, grads, variables, tensors, scaled, restore_frozen)
-
-
-def _masked_step(optimizer, grads, variables, masks, scaled, restore) -> None:
-    """Mask, apply with ``optimizer``, then restore or scale: the shared step."""
-    grads = [
-        g if m is None or g is None else _mask_one(g, m > 0)
-        for g, m in zip(grads, masks, strict=True)
-    ]
-    saved = [
-        keras.ops.copy(keras.ops.convert_to_tensor(v))
-        if m is not None and (restore or s)
-        else None
-        for v, m, s in zip(variables, masks, scaled, strict=True)
-    ]
-    optimizer.apply(grads, variables)
-    for variable, mask, old, scale in zip(variables, masks, saved, scaled, strict=True):
-        if old is None:
-            continue
-        new = keras.ops.convert_to_tensor(variable)
-        if scale:
-            fraction = keras.ops.cast(mask, new.dtype)
-            partial = old + fraction * (new - old)
-            value = keras.ops.where(mask >= 1, new, partial)
-            value = keras.ops.where(mask > 0, value, old)
-        else:
-            value = keras.ops.where(mask > 0, new, old)
-        backend.assign_on_every_replica(variable, value)
-
-
-def _mask_one(grad, keep):
-    """Zero ``grad`` where ``keep`` is False, with a select (NaN-safe)."""
-    sparse = backend.mask_sparse_gradient(grad, keep)
-    if sparse is not None:
-        return sparse
-    grad = keras.ops.convert_to_tensor(grad)
-    return keras.ops.where(keep, grad, keras.ops.zeros_like(grad))
-
-
-def _split(grads_and_vars) -> tuple[list, list]:
-    if not isinstance(grads_and_vars, (list, tuple)) and hasattr(
-        grads_and_vars, "__iter__"
-    ):
-        grads_and_vars = list(grads_and_vars)  # zip(grads, vars) is fine
-    pairs = variable_pairs(
-        grads_and_vars, name="grads_and_vars", slot=1, kind="(gradient, variable)"
-    )
-    variables = []
-    for i, (grad, variable) in enumerate(pairs):
-        if any(variable is v for v in variables):
-            raise ValueError(
-                f"`grads_and_vars[{i}]` gives a second gradient for the variable "
-                f"{_path(variable)!r}: give each variable once (add its "
-                f"gradients first). Received: grads_and_vars[{i}]="
-                f"({type(grad).__name__}, {_path(variable)!r})"
-            )
-        variables.append(variable)
-    return [grad for grad, _ in pairs], variables
-
-
-def _path(variable) -> str:
-    return str(getattr(variable, "path", None) or variable.name).removesuffix(":0")
-
-
 def _find_path(path: str, var_list) -> int:
     """The index of the one variable whose path is ``path``.
 
@@ -524,7 +360,7 @@ def _find_path(path: str, var_list) -> int:
     in it (or that it ends in) accepted, and then it must be one. (A saved
     index is never trusted: variables may come in another order.)
     """
-    paths = [_path(v) for v in var_list]
+    paths = [variable_path(v) for v in var_list]
     found = [i for i, own in enumerate(paths) if own == path]
     if not found:
         found = [

@@ -1,0 +1,161 @@
+"""``PartialDense``: the partial class of ``keras.layers.Dense``.
+
+What :func:`refimpl.partialize` and :func:`refimpl.enable_partial` make of a
+Dense layer, and the layer to build from a mask; with ``mode="sparse"`` it
+multiplies without composing the kernel (:func:`refimpl.ops.sparse_matmul`).
+The mechanism is :mod:`refimpl.layers.partial`.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from refimpl.layers.partial import (
+    _PLAIN_TO_PARTIAL,
+    PartialWeightMixin,
+    _check_constraint,
+    _composing,
+)
+from refimpl.masks import describe, mask_shape, to_mask
+from refimpl.ops import check_mode, sparse_matmul
+
+__all__ = ["PartialDense"]
+
+
+@keras.saving.register_keras_serializable(package="refimpl")
+class PartialDense(PartialWeightMixin, keras.layers.Dense):
+    """A ``keras.layers.Dense`` whose kernel is trainable only in a mask.
+
+    The partial class of ``Dense``: what :func:`refimpl.partialize` and
+    :func:`enable_partial` make of a Dense layer, and the layer to build from
+    a mask. Every ``Dense`` argument works as for Dense; the kernel
+    initializer draws the whole starting kernel (the frozen entries and the
+    free values' start).
+
+    Args:
+        units: the output size, as for Dense.
+        trainable_mask: the trainable kernel entries: a boolean mask of shape
+            ``[input_dim, units]`` or an index list of shape ``[k, 2]``.
+        mode: ``"delta"`` (the default: ``k`` trainable values), ``"sparse"``
+            (the same weights; the product never composes the kernel, the
+            fastest form below a few percent free), ``"select"`` (a
+            kernel-sized trainable weight, filtered) or ``"auto"``
+            (:func:`refimpl.ops.choose_mode`).
+        num_free, auto: only without a mask: the shell ``from_config`` builds,
+            whose positions and values come with the saved weights.
+        **kwargs: every other ``keras.layers.Dense`` argument.
+
+    >>> layer = PartialDense(2, [[0, 0], [2, 1]], use_bias=False)
+    >>> layer.build((None, 3))
+    >>> [(w.name, tuple(w.shape), w.trainable) for w in layer.weights]
+    [('kernel', (3, 2), False), ('partial_free', (2,), True), \
+('partial_positions', (2,), False)]
+    """
+
+    kernel = _composing(keras.layers.Dense, "kernel")
+    _partial_sparse_product = True
+
+    def __init__(
+        self,
+        units,
+        trainable_mask=None,
+        *,
+        mode: str = "delta",
+        num_free: int | None = None,
+        auto: bool = False,
+        **kwargs,
+    ):
+        if isinstance(units, bool) or not isinstance(units, (int, np.integer)):
+            raise TypeError(
+                f"`units` must be a positive int. Received: units={describe(units)}"
+            )
+        super().__init__(int(units), **kwargs)
+        check_mode(mode)
+        shape = None if trainable_mask is None else mask_shape(trainable_mask)
+        if shape is not None and shape[1:] != (self.units,):
+            raise ValueError(
+                f"`trainable_mask` must have shape [input_dim, {self.units}]. "
+                f"Received a mask of shape {shape}"
+            )
+        if trainable_mask is None and num_free is None:
+            raise ValueError(
+                "`trainable_mask` is required: a boolean mask of shape "
+                f"[input_dim, {self.units}] or an index list of shape [k, 2]. "
+                "Received: trainable_mask=None"
+            )
+        if trainable_mask is not None and num_free is not None:
+            raise ValueError(
+                "`num_free` is only for a shell rebuilt from a config, which has "
+                "no `trainable_mask`: give one or the other. "
+                f"Received: num_free={describe(num_free)} with a trainable_mask"
+            )
+        _check_constraint(self.kernel_constraint, self.name)
+        self._partial_given = (trainable_mask, mode)
+        self._partial_shell = None
+        if trainable_mask is None:
+            self._partial_shell = (num_free, mode, bool(auto))
+
+    def build(self, input_shape):
+        keras.layers.Dense.build(self, input_shape)
+        shell = getattr(self, "_partial_shell", None)
+        given = getattr(self, "_partial_given", (None, None))
+        if shell is not None:
+            self._partial_add_weights(shell[0], None, shell[1], shell[2])
+        elif given[0] is not None:
+            shape = tuple(self._kernel.shape)
+            mask = to_mask(given[0], shape, name="trainable_mask")
+            positions = np.flatnonzero(mask)
+            self._partial_add_weights(len(positions), positions, given[1], False)
+
+    def call(self, inputs, training=None):
+        if (
+            getattr(self, "partial_free", None) is None
+            or self.product_mode() != "sparse"
+        ):
+            return super().call(inputs, training=training)
+        self._partial_check_loaded()
+        x = sparse_matmul(
+            inputs,
+            self._kernel.value,
+            self.partial_positions.value,
+            self.partial_free.value,
+        )
+        if self.bias is not None:
+            x = keras.ops.add(x, self.bias)
+        return self.activation(x) if self.activation is not None else x
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    @classmethod
+    def from_dense(cls, dense, trainable_mask, *, mode: str = "delta") -> PartialDense:
+        """A partial copy of a built ``keras.layers.Dense``; ``dense`` is unchanged.
+
+        The copy's kernel, bias and outputs equal the Dense layer's, bit for bit.
+
+        >>> dense = keras.layers.Dense(2)
+        >>> dense.build((None, 3))
+        >>> layer = PartialDense.from_dense(dense, np.eye(3, 2, dtype=bool))
+        >>> kernel = keras.ops.convert_to_numpy(layer.kernel)
+        >>> bool(np.array_equal(kernel, keras.ops.convert_to_numpy(dense.kernel)))
+        True
+        """
+        if type(dense) is not keras.layers.Dense or not dense.built:
+            raise TypeError(
+                "`dense` must be a built keras.layers.Dense. "
+                f"Received: dense={describe(dense)}"
+            )
+        kernel_shape = tuple(dense.kernel.shape)
+        to_mask(trainable_mask, kernel_shape, name="trainable_mask")  # names it
+        copy = keras.layers.Dense.from_config(dense.get_config())
+        copy.build_from_config(dense.get_build_config())
+        copy.set_weights([np.array(w) for w in dense.get_weights()])
+        from refimpl.layers.enable import enable_partial
+
+        enable_partial(copy, trainable_mask, mode=mode)
+        return copy
+
+
+_PLAIN_TO_PARTIAL[keras.layers.Dense] = PartialDense
