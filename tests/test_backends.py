@@ -119,7 +119,9 @@ def test_the_structured_layers_train_and_keep_their_structure():
     fixed = RNG.normal(size=(4, 3)).astype("float32")
     grid = [["trainable", None], [fixed, "trainable"]]
     shell = refimpl.BlockDense(
-        [["trainable", None], ["fixed", "trainable"]], row_sizes=[2, 4], col_sizes=[3, 3]
+        [["trainable", None], ["fixed", "trainable"]],
+        row_sizes=[2, 4],
+        col_sizes=[3, 3],
     )
     shell.build((None, 6))
     with pytest.raises(refimpl._compat.NotLoadedError, match="without its weights"):
