@@ -19,7 +19,7 @@ import numpy as np
 from keras import ops
 
 from refimpl import _compat
-from refimpl.masks import describe, mask_shape, normalize_shape, to_mask
+from refimpl.masks import as_array, describe, mask_shape, normalize_shape, to_mask
 
 __all__ = ["FreezeEntries"]
 
@@ -150,18 +150,5 @@ class FreezeEntries(keras.constraints.Constraint, _compat.KerasSaveable):
 
 
 def _values(values, name: str = "values") -> np.ndarray:
-    if hasattr(values, "numpy"):
-        values = values.numpy()
-    try:
-        array = np.asarray(values)
-    except (TypeError, ValueError) as err:
-        raise TypeError(
-            f"`{name}` must be a number or a rectangular numeric array. "
-            f"Received: {name}={describe(values)}"
-        ) from err
-    if array.dtype.kind in "OSUmMb":  # bfloat16 (kind 'V') is numeric
-        raise TypeError(
-            f"`{name}` must be a number or a rectangular numeric array. "
-            f"Received dtype {array.dtype}: {name}={describe(values)}"
-        )
-    return array
+    what = "a number or a rectangular numeric array"
+    return as_array(values, name, kind="numeric", what=what)

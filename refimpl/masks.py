@@ -27,7 +27,7 @@ import numpy as np
 
 from refimpl import backend
 
-__all__ = ["indices_to_mask", "mask_to_indices", "to_mask"]
+__all__ = ["as_array", "indices_to_mask", "mask_to_indices", "to_mask"]
 
 
 def normalize_shape(shape, *, name: str = "shape") -> tuple[int, ...]:
@@ -82,29 +82,48 @@ def normalize_shape(shape, *, name: str = "shape") -> tuple[int, ...]:
 
 
 def _as_numpy(value, name: str) -> np.ndarray:
-    if isinstance(value, keras.Variable):
-        return np.asarray(keras.ops.convert_to_numpy(value))
-    if backend.is_variable(value):
-        return backend.read_now(value)
-    if keras.ops.is_tensor(value):
+    what = "a rectangular boolean mask or an integer index list of shape [k, rank]"
+    return as_array(value, name, what=what)
+
+
+def as_array(
+    value, name: str, *, kind: str = "any", what: str = "an array"
+) -> np.ndarray:
+    """The one conversion of an array-like argument to NumPy, with a clear error.
+
+    Variables and tensors of any backend are read (a symbolic tensor is
+    refused: it has no value yet); lists become arrays. ``kind`` checks the
+    dtype: ``"any"``, ``"numeric"`` (numbers, bfloat16 included) or
+    ``"floating"``. The error names ``name`` and says ``what`` was expected.
+
+    >>> as_array([1.0, 2.0], "x", kind="floating")
+    array([1., 2.])
+    """
+    if isinstance(value, keras.Variable) or keras.ops.is_tensor(value):
         if backend.is_symbolic(value):
             raise TypeError(
                 f"`{name}` must be static (a NumPy array, a list, or an eager "
-                f"tensor), because it fixes which positions are trainable. "
-                f"Received a symbolic tensor: {name}={describe(value)}"
+                f"tensor). Received a symbolic tensor: {name}={describe(value)}"
             )
-        return np.asarray(keras.ops.convert_to_numpy(value))
+        value = keras.ops.convert_to_numpy(value)  # any backend, any device
+    elif backend.is_variable(value):
+        value = backend.read_now(value)
     try:
         array = np.asarray(value)
-    except (ValueError, TypeError) as err:
+    except (TypeError, ValueError) as err:
         raise TypeError(
-            f"`{name}` must be a rectangular boolean mask or an integer index "
-            f"list of shape [k, rank]. Received: {name}={describe(value)}"
+            f"`{name}` must be {what}. Received: {name}={describe(value)}"
         ) from err
-    if array.dtype == object:
+    bad = array.dtype == object or array.dtype.itemsize == 0
+    if kind == "numeric":
+        bad = bad or array.dtype.kind in "OSUmMb"  # bfloat16 (kind 'V') is numeric
+    elif kind == "floating":
+        floating = np.issubdtype(array.dtype, np.floating)
+        bad = bad or not (floating or array.dtype.name == "bfloat16")
+    if bad:
         raise TypeError(
-            f"`{name}` must be a rectangular boolean mask or an integer index "
-            f"list of shape [k, rank]. Received: {name}={describe(value)}"
+            f"`{name}` must be {what}. Received dtype {array.dtype}: "
+            f"{name}={describe(value)}"
         )
     return array
 

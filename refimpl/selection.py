@@ -23,7 +23,7 @@ import keras
 import numpy as np
 
 from refimpl import backend
-from refimpl.masks import describe, normalize_shape
+from refimpl.masks import as_array, describe, normalize_shape
 
 __all__ = [
     "band_mask",
@@ -267,13 +267,9 @@ def _count(k, fraction, size: int) -> int:
 
 
 def _float(value, name: str) -> np.ndarray:
-    try:
-        array = np.asarray(keras.ops.convert_to_numpy(value), dtype=np.float64)
-    except (TypeError, ValueError) as err:
-        raise TypeError(
-            f"`{name}` must be a numeric array. Received: {name}={describe(value)}"
-        ) from err
-    return array
+    return as_array(value, name, kind="numeric", what="a numeric array").astype(
+        np.float64
+    )
 
 
 def _axis_indices(indices, size: int, name: str) -> np.ndarray:

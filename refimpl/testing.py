@@ -13,24 +13,13 @@ import re
 import keras
 import numpy as np
 
-from refimpl.masks import describe, to_mask
+from refimpl.masks import as_array, describe, to_mask
 
 __all__ = ["moved", "assert_frozen", "count_free_parameters", "count_optimizer_state"]
 
 
 def _numpy(value, name: str) -> np.ndarray:
-    if isinstance(value, keras.Variable) or keras.ops.is_tensor(value):
-        value = keras.ops.convert_to_numpy(value)  # any backend, any device
-    elif hasattr(value, "numpy"):
-        value = value.numpy()
-    array = np.asarray(value)
-    # Any fixed-size dtype is fine, including ml_dtypes' bfloat16.
-    if array.dtype == object or array.dtype.itemsize == 0:
-        raise TypeError(
-            f"`{name}` must be a numeric array or tensor. Received: "
-            f"{name}={describe(value)}"
-        )
-    return array
+    return as_array(value, name, what="a numeric array or tensor")
 
 
 def moved(before, after) -> np.ndarray:
@@ -154,7 +143,6 @@ def count_optimizer_state(optimizer) -> int:
     >>> count_optimizer_state(adam)  # two moments of four values
     8
     """
-    import keras
 
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(

@@ -19,7 +19,7 @@ import keras
 import numpy as np
 
 from refimpl import _compat, backend
-from refimpl.masks import describe, normalize_shape, to_mask
+from refimpl.masks import as_array, describe, normalize_shape, to_mask
 from refimpl.ops import (
     SelectMask,
     check_mode,
@@ -350,19 +350,7 @@ def _check_exact(value: np.ndarray, dtype: str) -> None:
 
 
 def _float_array(value, name: str = "initial_value") -> np.ndarray:
-    try:
-        array = np.asarray(keras.ops.convert_to_numpy(value))
-    except (TypeError, ValueError) as err:
-        raise TypeError(
-            f"`{name}` must be a floating-point array or tensor. "
-            f"Received: {name}={describe(value)}"
-        ) from err
-    if not np.issubdtype(array.dtype, np.floating) and array.dtype.name != "bfloat16":
-        raise TypeError(
-            f"`{name}` must be a floating-point tensor. "
-            f"Received dtype {array.dtype}: {name}={describe(value)}"
-        )
-    return array
+    return as_array(value, name, kind="floating", what="a floating-point tensor")
 
 
 def _count(value, size: int) -> int:

@@ -138,6 +138,8 @@ CASES = [
     ("to_mask_int_mask_of_shape_k_by_2", "to_mask", lambda: refimpl.masks.to_mask(np.eye(2, dtype=int), (2, 2)), TypeError, "mask", "shape (2, 2)"),
     ("to_mask_nan", "to_mask", lambda: refimpl.masks.to_mask([np.nan, 1.0], (2,)), ValueError, "mask", "nan"),
     ("to_mask_strings", "to_mask", lambda: refimpl.masks.to_mask(["a", "b"], (2,)), TypeError, "mask", "<U1"),
+    ("as_array_objects", "as_array", lambda: refimpl.masks.as_array([object(), 1], "x"), TypeError, "x", "list of length 2"),
+    ("as_array_not_floating", "as_array", lambda: refimpl.masks.as_array(np.arange(3), "x", kind="floating"), TypeError, "x", "int64"),
     ("to_mask_ragged", "to_mask", lambda: refimpl.masks.to_mask([[1, 2], [3]], (2,)), TypeError, "mask", "list of length 2"),
     ("to_mask_bad_shape", "to_mask", lambda: refimpl.masks.to_mask([True], "a"), TypeError, "shape", "'a'"),
     ("indices_out_of_range", "indices_to_mask", lambda: refimpl.masks.indices_to_mask([[3]], (3,)), ValueError, "indices", "[3]"),

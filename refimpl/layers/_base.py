@@ -7,7 +7,7 @@ import numpy as np
 
 from refimpl import _compat, backend
 from refimpl._blocks import block_sizes, check_rectangular
-from refimpl.masks import describe
+from refimpl.masks import as_array, describe
 
 # Dense arguments a kernel built from its structure cannot take.
 _NOT_FOR_STRUCTURE = (
@@ -256,12 +256,7 @@ def non_negative_int(value, name: str) -> int:
 
 
 def float_array(value, name: str, *, max_ndim: int) -> np.ndarray:
-    try:
-        array = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError) as err:
-        raise TypeError(
-            f"`{name}` must be numeric. Received: {name}={describe(value)}"
-        ) from err
+    array = as_array(value, name, kind="numeric", what="numeric").astype(np.float64)
     if array.ndim > max_ndim:
         raise ValueError(
             f"`{name}` must have at most {max_ndim} dimension(s). "
