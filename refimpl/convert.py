@@ -65,7 +65,9 @@ def partialize(model, layer_masks, *, in_place: bool = False, mode: str = "delta
             f"or a policy. Received: layer_masks={describe(layer_masks)}"
         )
     if not isinstance(in_place, bool):
-        raise TypeError(f"`in_place` must be True or False. Received: {in_place!r}")
+        raise TypeError(
+            f"`in_place` must be True or False. Received: {describe(in_place)}"
+        )
     check_mode(mode)
     # Every mask is computed and checked before anything is converted.
     chosen = [

@@ -108,6 +108,7 @@ def compose(base, positions, free, *, mode: str = "delta", mask=None):
     base = keras.ops.convert_to_tensor(base)
     shape = tuple(base.shape)
     if not (keras.ops.is_tensor(positions) or backend.is_variable(positions)):
+        free = keras.ops.convert_to_tensor(free)
         positions = flat_positions(positions, shape, name="positions")
         expected = (len(positions),) if mode == "delta" else shape
         if tuple(keras.ops.shape(free)) != expected:

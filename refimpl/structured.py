@@ -160,7 +160,9 @@ def _band(diagonals, offsets):
     if isinstance(offsets, (int, np.integer)) or not isinstance(
         offsets, (Sequence, np.ndarray)
     ):
-        raise TypeError(f"`offsets` must be a list of ints. Received: {offsets!r}")
+        raise TypeError(
+            f"`offsets` must be a list of ints. Received: {describe(offsets)}"
+        )
     offsets = list(offsets)
     if _is_array(diagonals) or not isinstance(diagonals, Sequence):
         raise TypeError(

@@ -115,13 +115,13 @@ def count_free_parameters(model_or_variables) -> int:
         if not isinstance(model_or_variables, (list, tuple)):
             raise TypeError(
                 "`model_or_variables` must be a Keras model or layer, or a list "
-                f"of variables. Received: {model_or_variables!r}"
+                f"of variables. Received: {describe(model_or_variables)}"
             )
         for v in model_or_variables:
             if not hasattr(v, "shape") or isinstance(v, (str, bytes)):
                 raise TypeError(
                     "`model_or_variables` must hold variables. Received an "
-                    f"element {v!r} of type {type(v).__name__}"
+                    f"element {describe(v)} of type {type(v).__name__}"
                 )
         weights = [v for v in model_or_variables if getattr(v, "trainable", True)]
     return int(sum(int(np.prod(w.shape)) for w in weights))

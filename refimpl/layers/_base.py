@@ -198,7 +198,7 @@ def dense_arguments(dense, name: str = "dense") -> tuple[np.ndarray, dict]:
                 f"`{name}` has a {option}, which refimpl's layers do not "
                 "carry over: their kernel is built from free values. Remove it "
                 f"(or use a bias/activity regularizer). Received: "
-                f"{option}={getattr(dense, option)!r}"
+                f"{option}={describe(getattr(dense, option))}"
             )
     kwargs = {
         "activation": dense.activation,

@@ -119,7 +119,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
                 "`learning_rate` belongs to the inner optimizer: set it there, "
                 "for example keras.optimizers.Adam(learning_rate=...); the "
                 "wrapper's learning_rate reads and sets the inner one. "
-                f"Received: learning_rate={kwargs['learning_rate']!r} on the "
+                f"Received: learning_rate={describe(kwargs['learning_rate'])} on the "
                 "MaskedOptimizer"
             )
         saved = kwargs.pop("masked_variables", None)

@@ -91,7 +91,9 @@ def minimize(
     variables, masks = _variables_and_masks(variables, mask)
     method_key = _check_method(method)
     if options is not None and not isinstance(options, dict):
-        raise TypeError(f"`options` must be a dict or None. Received: {options!r}")
+        raise TypeError(
+            f"`options` must be a dict or None. Received: {describe(options)}"
+        )
     indices = [tf.constant(mask_to_indices(m), tf.int64) for m in masks]
     sizes = [int(m.sum()) for m in masks]
     if sum(sizes) == 0:
