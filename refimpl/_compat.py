@@ -9,8 +9,6 @@ what is missing, never as a deep ``AttributeError`` in a user's model:
   whose arrays go into the weights file);
 * :func:`unlocked`, adding weights to a built layer (Keras' own
   ``enable_lora`` does the same);
-* :func:`skip_variable_count_check`, loading a plain layer's file into a
-  layer that has more variables;
 * :func:`sub_layers`, every layer of a model at any depth;
 * :func:`is_functional`, whether a model is a graph of layers that
   ``clone_model`` can rebuild (keras-hub's models subclass it).
@@ -34,7 +32,6 @@ __all__ = [
     "NotLoadedError",
     "is_functional",
     "require_loaded",
-    "skip_variable_count_check",
     "sub_layers",
     "unlocked",
 ]
@@ -91,7 +88,7 @@ def _functional():
 
 
 _Functional = _private("keras.src.models.functional.Functional", _functional)
-for _name in ("_check_load_own_variables", "_flatten_layers"):
+for _name in ("_flatten_layers",):
     _private(f"Layer.{_name}", lambda n=_name: getattr(keras.layers.Layer, n))
 
 
@@ -109,22 +106,6 @@ def unlocked(layer):
         yield
     finally:
         tracker.lock()
-
-
-@contextlib.contextmanager
-def skip_variable_count_check(layer):
-    """Let the plain class's ``load_own_variables`` read a file with fewer weights."""
-    layer._refimpl_skip_count_check = True
-    try:
-        yield
-    finally:
-        layer._refimpl_skip_count_check = False
-
-
-def check_variable_count(layer, store, parent_check) -> None:
-    """The plain class's count check, unless :func:`skip_variable_count_check`."""
-    if not getattr(layer, "_refimpl_skip_count_check", False):
-        parent_check(store)
 
 
 def sub_layers(model) -> list:

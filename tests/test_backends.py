@@ -310,21 +310,14 @@ def _key(variable) -> str:
 def assert_same_partial_state(weights: dict, kernel, loaded, layer="dense"):
     """``loaded`` holds the state ``weights`` (by path) and ``kernel`` describe.
 
-    A partial layer's file holds its composed kernel in the plain layout (as
-    Keras' LoRA layers do), so after loading, the base variable holds the
-    trained values at the free positions, where it is never read. Compared
-    there: the composed kernel. Everywhere else, and every other weight: bit
-    for bit.
+    A partial layer saves every variable as it is, so every weight, the base
+    included, and the composed kernel come back bit for bit.
     """
     partial = loaded.get_layer(layer)
-    frozen = ~partial.trainable_mask
-    assert frozen.sum() == (~MASK).sum()
+    assert (~partial.trainable_mask).sum() == (~MASK).sum()
     assert [_key(w) for w in loaded.weights] == list(weights)
     for w in loaded.weights:
-        if w is partial.base_weight:
-            np.testing.assert_array_equal(numpy(w)[frozen], weights[_key(w)][frozen])
-        else:
-            np.testing.assert_array_equal(numpy(w), weights[_key(w)], err_msg=w.path)
+        np.testing.assert_array_equal(numpy(w), weights[_key(w)], err_msg=w.path)
     np.testing.assert_array_equal(numpy(partial.kernel), kernel)
 
 

@@ -149,18 +149,9 @@ def _fit(model, epochs):
 
 
 def _weights(model):
-    """What the model computes with and trains: its weights, a partial layer's
-    composed kernel in place of its frozen base, and the optimizer state.
-
-    A ``.keras`` file holds a partial layer's composed kernel, as it holds a
-    plain one's, so a loaded base holds the saved free values at the free
-    positions, which the composed kernel never reads (it takes the free
-    values there); the frozen entries are checked on the kernel.
-    """
-    values = []
-    for layer in model.layers:
-        base = getattr(layer, "base_weight", None)
-        values += [layer.kernel if w is base else w for w in layer.weights]
+    """What the model holds and trains: every weight (a partial layer's frozen
+    base included, which it saves as it is) and the optimizer state."""
+    values = [w for layer in model.layers for w in layer.weights]
     values += model.optimizer.variables
     return [keras.ops.convert_to_numpy(v) for v in values]
 

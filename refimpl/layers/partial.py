@@ -19,9 +19,9 @@ Each partial class is a subclass of the plain one with a name of its own
 :class:`PartialDense` is the partial class of ``Dense``, and can also be built
 from a mask. An optimizer sees only the free values: frozen entries keep their
 bits under every optimizer, and the optimizer state is ``k`` values per slot.
-The layer saves what the plain layer saves (the trained weight, composed,
-without touching the base) followed by the positions; :meth:`to_dense` and
-:func:`refimpl.merge` give the plain layer back.
+The layer saves every variable as it is (the base, the free values, their
+positions), so a reloaded layer has the same weights bit for bit;
+:meth:`to_dense` and :func:`refimpl.merge` give the plain layer back.
 """
 
 from __future__ import annotations
@@ -177,51 +177,16 @@ class PartialWeightMixin:
         return mode_for(self._partial_num_free, shape, jit_compile=True)
 
     # -- saving ------------------------------------------------------------------
+    # Every variable as it is, as any Keras layer saves: the base untouched,
+    # the free values and their positions, so a reloaded layer has the same
+    # weights bit for bit. (The plain class saves its composed `kernel`.)
     def save_own_variables(self, store):
-        if not self.built:
-            return
-        # The plain layer writes its `kernel` property, the composed weight,
-        # and leaves the variables alone, as Keras' LoRA layers do.
-        own: dict = {}
-        super().save_own_variables(own)
-        for key, value in own.items():
-            store[key] = value
-        store[str(len(own))] = self.partial_positions
+        keras.layers.Layer.save_own_variables(self, store)
 
     def load_own_variables(self, store):
-        keys = sorted(store.keys(), key=int)
-        plain = [v for v in self.variables if not _is_partial_weight(v)]
-        if len(keys) not in (len(plain), len(plain) + 1):
-            raise ValueError(
-                f"Layer '{self.name}' expected {len(plain)} weights (a plain "
-                f"{self._partial_plain_class().__name__} file) or "
-                f"{len(plain) + 1} (with the trainable positions), but the file "
-                f"holds {len(keys)}"
-            )
-        own = {key: store[key] for key in keys[: len(plain)]}
-        if len(keys) == len(plain) + 1:
-            positions = np.asarray(store[keys[-1]])
-            if positions.shape != tuple(self.partial_positions.shape):
-                raise ValueError(
-                    f"Layer '{self.name}' has {self.num_free} trainable "
-                    f"entries, but the file holds {positions.shape[0]}"
-                )
-            self.partial_positions.assign(positions)
-            self._partial_loaded = True
-        with _compat.skip_variable_count_check(self):
-            super().load_own_variables(own)
+        keras.layers.Layer.load_own_variables(self, store)
+        self._partial_loaded = False
         self._partial_check_loaded()
-        base = self._partial_base()
-        if self._partial_mode == "select":
-            self.partial_free.assign(base)
-        else:
-            positions = keras.ops.convert_to_numpy(self.partial_positions)
-            self.partial_free.assign(
-                keras.ops.take(keras.ops.reshape(base, (-1,)), positions)
-            )
-
-    def _check_load_own_variables(self, store):
-        _compat.check_variable_count(self, store, super()._check_load_own_variables)
 
     def get_config(self) -> dict:
         config = super().get_config()
