@@ -23,13 +23,10 @@ import keras
 import numpy as np
 
 import refimpl
+from evidence import registry
+from evidence.keras_cases import MASK, N_IN, N_OUT
 
-__all__ = ["OPTIMIZERS", "TECHNIQUES", "Cell", "run"]
-
-N_IN, N_OUT = 6, 4
-#: The trainable entries of the 6 x 4 kernel (and, for the structured
-#: layers, their structure on a 6 x 6 kernel).
-MASK = refimpl.selection.random_mask((N_IN, N_OUT), fraction=0.25, seed=3)
+__all__ = ["MASK", "N_IN", "N_OUT", "OPTIMIZERS", "TECHNIQUES", "Cell", "run"]
 
 
 def _decayed(cls, **kwargs):
@@ -54,112 +51,9 @@ OPTIMIZERS: dict[str, Callable[[], keras.optimizers.Optimizer]] = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Technique:
-    """A Keras-level way to train only some entries of a Dense kernel."""
-
-    label: str
-    #: frozen entries keep their bits under every optimizer
-    exact: bool
-    #: ``(initial kernel, optimizer) -> (model, optimizer, trainable mask)``
-    build: Callable = dataclasses.field(repr=False)
-
-
-def _dense(init):
-    return keras.Sequential(
-        [
-            keras.Input((init.shape[0],)),
-            keras.layers.Dense(
-                init.shape[1],
-                use_bias=False,
-                kernel_initializer=keras.initializers.Constant(init),
-                name="dense",
-            ),
-        ]
-    )
-
-
-def _partialize(init, optimizer):
-    return refimpl.partialize(_dense(init), {"dense": MASK}), optimizer, MASK
-
-
-def _partial_dense(mode):
-    def build(init, optimizer):
-        layer = refimpl.PartialDense(
-            N_OUT, MASK, mode=mode, use_bias=False, name="dense"
-        )
-        model = keras.Sequential([keras.Input((N_IN,)), layer])
-        model.build((None, N_IN))
-        layer.partial_kernel.base.assign(init)
-        layer.partial_kernel.free.assign(
-            init[MASK] if layer.partial_kernel.mode != "select" else init
-        )
-        return model, optimizer, MASK
-
-    return build
-
-
-def _freeze_entries(init, optimizer):
-    model = keras.Sequential(
-        [
-            keras.Input((N_IN,)),
-            keras.layers.Dense(
-                N_OUT,
-                use_bias=False,
-                kernel_initializer=keras.initializers.Constant(init),
-                kernel_constraint=refimpl.FreezeEntries(init, MASK),
-                name="dense",
-            ),
-        ]
-    )
-    return model, optimizer, MASK
-
-
-def _masked_optimizer(restore_frozen):
-    def build(init, optimizer):
-        model = _dense(init)
-        kernel = model.get_layer("dense").kernel
-        wrapped = refimpl.MaskedOptimizer(
-            optimizer, [(kernel, MASK)], restore_frozen=restore_frozen
-        )
-        return model, wrapped, MASK
-
-    return build
-
-
-def _structured(layer_class, structure):
-    def build(init, optimizer):
-        layer = layer_class(name="dense")
-        model = keras.Sequential([keras.Input((N_IN,)), layer])
-        model.build((None, N_IN))
-        return model, optimizer, structure
-
-    return build
-
-
-TECHNIQUES: dict[str, Technique] = {
-    "partialize": Technique("partialize (Dense)", True, _partialize),
-    "partial_delta": Technique("PartialDense delta", True, _partial_dense("delta")),
-    "partial_sparse": Technique("PartialDense sparse", True, _partial_dense("sparse")),
-    "partial_select": Technique("PartialDense select", True, _partial_dense("select")),
-    "freeze_entries": Technique("FreezeEntries", True, _freeze_entries),
-    "masked_restore": Technique(
-        "MaskedOptimizer, restore_frozen", True, _masked_optimizer(True)
-    ),
-    "masked": Technique("MaskedOptimizer alone", False, _masked_optimizer(False)),
-    "diagonal": Technique(
-        "DiagonalDense",
-        True,
-        _structured(refimpl.DiagonalDense, np.eye(N_IN, dtype=bool)),
-    ),
-    "banded": Technique(
-        "BandedDense(1, 1)",
-        True,
-        _structured(
-            lambda name: refimpl.BandedDense(1, 1, name=name),
-            refimpl.selection.band_mask((N_IN, N_IN), 1, 1),
-        ),
-    ),
+#: The registry's techniques that have a plain-Keras form, by id.
+TECHNIQUES: dict[str, registry.Technique] = {
+    t.id: t for t in registry.TECHNIQUES if t.keras_fit is not None
 }
 
 
@@ -190,7 +84,7 @@ def train_one(technique: str, optimizer: str, *, steps: int = 3) -> Cell:
     rng = np.random.default_rng(0)
     init = rng.normal(size=(N_IN, N_OUT)).astype("float32")
     keras.utils.set_random_seed(0)
-    model, opt, mask = entry.build(init, OPTIMIZERS[optimizer]())
+    model, opt, mask = entry.keras_fit(init, OPTIMIZERS[optimizer]())
     units = mask.shape[1]
     x = rng.normal(size=(8 * steps, N_IN)).astype("float32")
     y = rng.normal(size=(8 * steps, units)).astype("float32")

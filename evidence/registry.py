@@ -27,8 +27,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-import refimpl
-from evidence import _cases as cases
+from evidence import keras_cases
 
 __all__ = [
     "FAMILIES",
@@ -103,6 +102,10 @@ class Technique:
     fit: Callable | None = dataclasses.field(default=None, repr=False)
     #: how the benchmark times it; None: not benchmarked
     benchmark: Benchmark | None = None
+    #: ``(initial kernel, optimizer) -> (model, optimizer, mask)`` in plain
+    #: Keras, for the exactness matrix on every backend
+    #: (:mod:`evidence.backend_matrix`); None: not in it
+    keras_fit: Callable | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self):
         if not self.id.isidentifier():
@@ -122,6 +125,45 @@ class Technique:
         return self.exact and self.setup is not None
 
 
+class _Lazy:
+    """A builder of :mod:`evidence._cases`, imported (with TensorFlow) on first use.
+
+    ``_Lazy("name")`` stands for ``_cases.name``; ``_Lazy("name", *args)``
+    for ``_cases.name(*args)``, a builder made by a factory. An argument that
+    is itself a ``_Lazy`` (or a ``"refimpl.…"`` path in ``_Ref``) is resolved
+    first. So the registry, and the Keras-level matrix that reads it, import
+    no TensorFlow.
+    """
+
+    def __init__(self, name, *args, **kwargs):
+        self.name, self.args, self.kwargs = name, args, kwargs
+
+    def resolve(self):
+        from evidence import _cases
+
+        target = getattr(_cases, self.name)
+        if not (self.args or self.kwargs):
+            return target
+        args = [a.resolve() if isinstance(a, (_Lazy, _Ref)) else a for a in self.args]
+        return target(*args, **self.kwargs)
+
+    def __call__(self, *args, **kwargs):
+        return self.resolve()(*args, **kwargs)
+
+
+class _Ref:
+    """A name of refimpl's TensorFlow level, looked up on first use."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def resolve(self):
+        import importlib
+
+        module, _, name = self.path.rpartition(".")
+        return getattr(importlib.import_module(module), name)
+
+
 TECHNIQUES: tuple[Technique, ...] = (
     # --- restrict the update: one full variable -----------------------------------
     Technique(
@@ -129,9 +171,9 @@ TECHNIQUES: tuple[Technique, ...] = (
         label="mask stop_gradient",
         family=RESTRICT,
         exact=False,
-        setup=cases.full_blocked(refimpl.tf.partially_trainable),
+        setup=_Lazy("full_blocked", _Ref("refimpl.tf.partially_trainable")),
         benchmark=Benchmark(
-            cases.bench_blocked("partially_trainable"), RESTRICT, "fixed"
+            _Lazy("bench_blocked", "partially_trainable"), RESTRICT, "fixed"
         ),
     ),
     Technique(
@@ -139,9 +181,9 @@ TECHNIQUES: tuple[Technique, ...] = (
         label="one-hot stop_gradient",
         family=RESTRICT,
         exact=False,
-        setup=cases.full_blocked(refimpl.tf.one_hot_trainable),
+        setup=_Lazy("full_blocked", _Ref("refimpl.tf.one_hot_trainable")),
         benchmark=Benchmark(
-            cases.bench_blocked("one_hot_trainable"), RESTRICT, "swept"
+            _Lazy("bench_blocked", "one_hot_trainable"), RESTRICT, "swept"
         ),
     ),
     Technique(
@@ -149,28 +191,33 @@ TECHNIQUES: tuple[Technique, ...] = (
         label="gradient masking",
         family=RESTRICT,
         exact=False,
-        setup=cases.full_masked(restore_frozen=False),
-        fit=cases.fit_masked(restore_frozen=False),
+        setup=_Lazy("full_masked", restore_frozen=False),
+        fit=_Lazy("fit_masked", restore_frozen=False),
         benchmark=Benchmark(
-            cases.bench_masked(restore_frozen=False), RESTRICT, "fixed"
+            _Lazy("bench_masked", restore_frozen=False), RESTRICT, "fixed"
         ),
+        keras_fit=keras_cases.masked_optimizer(restore_frozen=False),
     ),
     Technique(
         id="grad_mask_restore",
         label="gradient masking + restore_frozen",
         family=RESTRICT,
         exact=True,
-        setup=cases.full_masked(restore_frozen=True),
-        fit=cases.fit_masked(restore_frozen=True),
-        benchmark=Benchmark(cases.bench_masked(restore_frozen=True), RESTRICT, "fixed"),
+        setup=_Lazy("full_masked", restore_frozen=True),
+        fit=_Lazy("fit_masked", restore_frozen=True),
+        benchmark=Benchmark(
+            _Lazy("bench_masked", restore_frozen=True), RESTRICT, "fixed"
+        ),
+        keras_fit=keras_cases.masked_optimizer(restore_frozen=True),
     ),
     Technique(
         id="freeze_entries",
         label="FreezeEntries constraint",
         family=RESTRICT,
         exact=True,
-        setup=cases.layer_setup(cases.constraint_layer),
-        fit=cases.fit_layer(cases.constraint_layer),
+        setup=_Lazy("layer_setup", _Lazy("constraint_layer")),
+        fit=_Lazy("fit_layer", _Lazy("constraint_layer")),
+        keras_fit=keras_cases.freeze_entries,
     ),
     # --- reparametrize: only the free values are variables the optimizer sees -----
     Technique(
@@ -178,16 +225,16 @@ TECHNIQUES: tuple[Technique, ...] = (
         label="separate variables",
         family=REPARAMETRIZE,
         exact=True,
-        setup=cases.separate,
+        setup=_Lazy("separate"),
     ),
     Technique(
         id="partial_delta",
         label="PartialVariable (delta)",
         family=REPARAMETRIZE,
         exact=True,
-        setup=cases.partial_variable,
-        fit=cases.fit_partial_variable,
-        benchmark=Benchmark(cases.bench_partial("delta"), "sparse delta", "swept"),
+        setup=_Lazy("partial_variable"),
+        fit=_Lazy("fit_partial_variable"),
+        benchmark=Benchmark(_Lazy("bench_partial", "delta"), "sparse delta", "swept"),
     ),
     # The select mode hands the optimizer a full-size variable (only where()
     # keeps the frozen entries), so an optimizer that is not elementwise still
@@ -203,51 +250,63 @@ TECHNIQUES: tuple[Technique, ...] = (
         label="PartialVariable (sparse)",
         family=REPARAMETRIZE,
         exact=True,
-        setup=cases.layer_setup(cases.sparse_dense_layer),
-        fit=cases.fit_layer(cases.sparse_dense_layer),
+        setup=_Lazy("layer_setup", _Lazy("sparse_dense_layer")),
+        fit=_Lazy("fit_layer", _Lazy("sparse_dense_layer")),
         benchmark=Benchmark(
-            cases.bench_partial("sparse"), "sparse delta", "swept", max_density=0.1
+            _Lazy("bench_partial", "sparse"), "sparse delta", "swept", max_density=0.1
         ),
+        keras_fit=keras_cases.partial_dense("sparse"),
     ),
     Technique(
         id="partial_select",
         label="PartialVariable (select)",
         family=REPARAMETRIZE,
         exact=True,
-        benchmark=Benchmark(cases.bench_partial("select"), "sparse delta", "swept"),
+        benchmark=Benchmark(_Lazy("bench_partial", "select"), "sparse delta", "swept"),
+        keras_fit=keras_cases.partial_dense("select"),
     ),
     Technique(
         id="partial_auto",
         label="PartialVariable (auto)",
         family=REPARAMETRIZE,
         exact=True,
-        benchmark=Benchmark(cases.bench_partial("auto"), "sparse delta", "swept"),
+        benchmark=Benchmark(_Lazy("bench_partial", "auto"), "sparse delta", "swept"),
     ),
     Technique(
         id="partial_dense",
         label="PartialDense layer",
         family=REPARAMETRIZE,
         exact=True,
-        setup=cases.layer_setup(cases.partial_dense_layer),
-        fit=cases.fit_layer(cases.partial_dense_layer),
+        setup=_Lazy("layer_setup", _Lazy("partial_dense_layer")),
+        fit=_Lazy("fit_layer", _Lazy("partial_dense_layer")),
+        keras_fit=keras_cases.partial_dense("delta"),
+    ),
+    Technique(
+        id="partialize",
+        label="partialize (Dense)",
+        family=REPARAMETRIZE,
+        exact=True,
+        keras_fit=keras_cases.partialize,
     ),
     Technique(
         id="diagonal_dense",
         label="DiagonalDense layer",
         family=REPARAMETRIZE,
         exact=True,
-        setup=cases.layer_setup(cases.diagonal_dense_layer),
+        setup=_Lazy("layer_setup", _Lazy("diagonal_dense_layer")),
         mask="diagonal",
-        fit=cases.fit_layer(cases.diagonal_dense_layer),
+        fit=_Lazy("fit_layer", _Lazy("diagonal_dense_layer")),
+        keras_fit=keras_cases.diagonal,
     ),
     Technique(
         id="banded_dense",
         label="BandedDense layer",
         family=REPARAMETRIZE,
         exact=True,
-        setup=cases.layer_setup(cases.banded_dense_layer),
+        setup=_Lazy("layer_setup", _Lazy("banded_dense_layer")),
         mask="band",
-        fit=cases.fit_layer(cases.banded_dense_layer),
+        fit=_Lazy("fit_layer", _Lazy("banded_dense_layer")),
+        keras_fit=keras_cases.banded,
     ),
     # The structured products, as functions (the layers above call them).
     Technique(
@@ -256,11 +315,11 @@ TECHNIQUES: tuple[Technique, ...] = (
         family=REPARAMETRIZE,
         exact=True,
         benchmark=Benchmark(
-            cases.bench_diagonal(naive=False),
+            _Lazy("bench_diagonal", naive=False),
             "structured",
             None,
             naive="diag_naive",
-            build_naive=cases.bench_diagonal(naive=True),
+            build_naive=_Lazy("bench_diagonal", naive=True),
         ),
     ),
     Technique(
@@ -269,11 +328,11 @@ TECHNIQUES: tuple[Technique, ...] = (
         family=REPARAMETRIZE,
         exact=True,
         benchmark=Benchmark(
-            cases.bench_band(naive=False),
+            _Lazy("bench_band", naive=False),
             "structured",
             None,
             naive="band_naive",
-            build_naive=cases.bench_band(naive=True),
+            build_naive=_Lazy("bench_band", naive=True),
         ),
     ),
     Technique(
@@ -282,11 +341,11 @@ TECHNIQUES: tuple[Technique, ...] = (
         family=REPARAMETRIZE,
         exact=True,
         benchmark=Benchmark(
-            cases.bench_block(naive=False),
+            _Lazy("bench_block", naive=False),
             "structured",
             None,
             naive="block_naive",
-            build_naive=cases.bench_block(naive=True),
+            build_naive=_Lazy("bench_block", naive=True),
         ),
     ),
 )

@@ -56,7 +56,7 @@ def test_quick_run_has_one_row_per_variant_and_setting(quick_rows):
     rows, _ = quick_rows
     keys = [(r["jit"], r["n"], r["variant"], r["density"]) for r in rows]
     assert len(keys) == len(set(keys))
-    expected = list(run.cases(variants.ALL, [0.01, 0.5]))
+    expected = list(variants.cases(variants.ALL, [0.01, 0.5]))
     for jit in (False, True):
         found = [(v, d) for j, _, v, d in keys if j == jit]
         assert found == expected
@@ -185,7 +185,7 @@ def test_variants_are_techniques_of_the_registry_or_comparisons():
 
 
 def test_max_density_limits_the_sparse_product_only():
-    cases = list(run.cases(["partial_sparse", "partial_delta"], [0.01, 0.1, 0.5]))
+    cases = list(variants.cases(["partial_sparse", "partial_delta"], [0.01, 0.1, 0.5]))
     assert ("partial_sparse", 0.5) not in cases and ("partial_sparse", 0.1) in cases
     assert ("partial_delta", 0.5) in cases
 
@@ -213,9 +213,8 @@ def test_slopes_of_the_committed_scaling_run_follow_the_stated_asymptotics():
 
 
 def test_the_committed_memory_table_has_a_row_per_variant():
-    from evidence.benchmarks import memory
 
-    rows = memory.read_csv(run.RESULTS / "cpu_memory.csv")
+    rows = report.read_csv(run.RESULTS / "cpu_memory.csv")
     assert {r["variant"] for r in rows} == set(variants.ALL)
     for r in rows:
         assert r["status"] == "ok", r

@@ -30,7 +30,27 @@ def test_every_record_has_a_family_and_a_mask_kind():
 
 def test_every_record_is_used_by_some_instrument():
     for t in registry.TECHNIQUES:
-        assert t.setup or t.fit or t.benchmark, t.id
+        assert t.setup or t.fit or t.benchmark or t.keras_fit, t.id
+
+
+def test_one_registry_serves_the_keras_level_matrix_without_tensorflow():
+    # The matrix of every backend reads the same records, by the same ids.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from evidence import backend_matrix, registry\n"
+        "assert 'tensorflow' not in sys.modules, 'imported TensorFlow'\n"
+        "ids = [t.id for t in registry.TECHNIQUES if t.keras_fit]\n"
+        "assert list(backend_matrix.TECHNIQUES) == ids\n"
+        "print(ids)"
+    )
+    env = {"KERAS_BACKEND": "jax", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "partial_dense" in done.stdout and "partial_delta" not in done.stdout
 
 
 def test_a_fit_form_has_a_setup_for_the_same_masks():

@@ -97,11 +97,11 @@ def measure_all(n: int, densities, *, names=None, workers: int = 2, verbose=Fals
     ``workers`` processes run at once (memory is per process; only the time
     is shared).
     """
-    from evidence.benchmarks import run, variants
+    from evidence.benchmarks import variants
 
     if not _STATUS.exists():
         raise RuntimeError("The memory run reads /proc/self/status: Linux only")
-    todo = list(run.cases(names or variants.ALL, densities))
+    todo = list(variants.cases(names or variants.ALL, densities))
     with ThreadPoolExecutor(workers) as pool:
         rows = list(pool.map(lambda case: _in_subprocess(case[0], n, case[1]), todo))
     if verbose:
@@ -118,25 +118,6 @@ def write_csv(rows, path) -> None:
         writer.writeheader()
         for row in rows:
             writer.writerow({c: "" if row.get(c) is None else row[c] for c in COLUMNS})
-
-
-def read_csv(path) -> list[dict]:
-    """Read a memory CSV: numbers become ints/floats, blanks ``None``."""
-    rows = []
-    with pathlib.Path(path).open(newline="") as f:
-        for raw in csv.DictReader(f):
-            row = {}
-            for key, text in raw.items():
-                if text == "":
-                    row[key] = None
-                elif key in ("n", "batch", "free_params", "optimizer_state_values"):
-                    row[key] = int(text)
-                elif key in ("variant", "status"):
-                    row[key] = text
-                else:
-                    row[key] = float(text)
-            rows.append(row)
-    return rows
 
 
 def main(argv=None) -> int:

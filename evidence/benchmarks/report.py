@@ -46,6 +46,8 @@ _INT = {"n", "free_params", "optimizer_state_values", "repeats", "bandwidth"}
 _INT |= {"steps", "batch"}
 _FLOAT = {"density", "median_ms", "q25_ms", "q75_ms", "ratio_to_dense"}
 _FLOAT |= {"ratio_q25", "ratio_q75"}
+# The memory table's measurements (``evidence.benchmarks.memory``).
+_FLOAT |= {"resident_mb", "peak_mb", "step_mb", "n2_mb"}
 
 
 def __getattr__(name: str):
@@ -102,7 +104,11 @@ def _format(value) -> str:
 
 
 def read_csv(path) -> list[dict]:
-    """Read a results CSV; numbers become ints/floats, blanks ``None``."""
+    """Read any results CSV (timings, memory): numbers typed, blanks ``None``.
+
+    The one reader of the benchmark's files: every column it writes has one
+    type, whichever table it is in.
+    """
     rows = []
     with pathlib.Path(path).open(newline="") as f:
         for raw in csv.DictReader(f):
@@ -459,8 +465,6 @@ def save_extra_plots(rows, extra, outdir, device: str) -> list[pathlib.Path]:
 
 def plots_from_results(outdir, device: str) -> list[pathlib.Path]:
     """Draw every plot again from the CSVs in ``outdir`` (no measuring)."""
-    from evidence.benchmarks import memory
-
     outdir = pathlib.Path(outdir)
     rows = read_csv(outdir / f"{device}.csv")
     extra = {}
@@ -469,7 +473,7 @@ def plots_from_results(outdir, device: str) -> list[pathlib.Path]:
         if path.exists():
             extra[name] = read_csv(path)
     if (outdir / f"{device}_memory.csv").exists():
-        extra["memory"] = memory.read_csv(outdir / f"{device}_memory.csv")
+        extra["memory"] = read_csv(outdir / f"{device}_memory.csv")
     return save_plots(rows, outdir, device) + save_extra_plots(
         rows, extra, outdir, device
     )

@@ -49,6 +49,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from evidence.benchmarks import memory, report, timing, variants  # noqa: E402
+from evidence.benchmarks.variants import cases  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 BATCH = 64
@@ -124,20 +125,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.extras is None:
         args.extras = not quick
     return args
-
-
-def cases(names, densities):
-    """(variant, density) pairs in report order; density None where unused."""
-    for name in names:
-        if name in variants.SWEPT:
-            top = variants.max_density(name)
-            for d in densities:
-                if top is None or d <= top:
-                    yield name, d
-        elif name in variants.FIXED:
-            yield name, variants.MASK_DENSITY
-        else:
-            yield name, None
 
 
 def measure(

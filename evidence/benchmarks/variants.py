@@ -183,3 +183,17 @@ def make_step(variant: Variant, optimizer, *, jit: bool, hidden: bool = False):
         return loss
 
     return tf.function(step, jit_compile=jit)
+
+
+def cases(names, densities):
+    """(variant, density) pairs in report order; density None where unused."""
+    for name in names:
+        if name in SWEPT:
+            top = max_density(name)
+            for d in densities:
+                if top is None or d <= top:
+                    yield name, d
+        elif name in FIXED:
+            yield name, MASK_DENSITY
+        else:
+            yield name, None
