@@ -133,10 +133,17 @@ class PartialWeightMixin:
         if self._partial_loaded:
             return
         size = int(np.prod(self._partial_base().shape))
-        positions = backend.read_now(self.partial_positions)
-        self._partial_loaded = not np.any(positions >= size)
+        # None inside a JAX step, where the value is traced state: a layer
+        # that was never checked eagerly cannot be trusted there.
+        positions = backend.try_read_now(self.partial_positions)
+        self._partial_loaded = positions is not None and not np.any(positions >= size)
         if not self._partial_loaded:
             raise _compat.require_loaded(f"Layer '{self.name}'")
+
+    def set_weights(self, weights):
+        super().set_weights(weights)
+        self._partial_loaded = False
+        self._partial_check_loaded()
 
     # -- what it is --------------------------------------------------------------
     @property
