@@ -247,7 +247,7 @@ TECHNIQUES: tuple[Technique, ...] = (
     # outgrow the kernel, so it is timed up to there.
     Technique(
         id="partial_sparse",
-        label="PartialVariable (sparse)",
+        label="sparse form",
         family=REPARAMETRIZE,
         exact=True,
         setup=_Lazy("layer_setup", _Lazy("sparse_dense_layer")),
@@ -259,7 +259,7 @@ TECHNIQUES: tuple[Technique, ...] = (
     ),
     Technique(
         id="partial_select",
-        label="PartialVariable (select)",
+        label="select form",
         family=REPARAMETRIZE,
         exact=True,
         benchmark=Benchmark(_Lazy("bench_partial", "select"), "sparse delta", "swept"),
