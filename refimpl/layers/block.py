@@ -63,23 +63,9 @@ class BlockDense(StructuredDense):
         *,
         row_sizes=None,
         col_sizes=None,
-        activation=None,
-        use_bias=False,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        bias_regularizer=None,
-        bias_constraint=None,
         **kwargs,
     ):
-        super().__init__(
-            activation=activation,
-            use_bias=use_bias,
-            kernel_initializer=kernel_initializer,
-            bias_initializer=bias_initializer,
-            bias_regularizer=bias_regularizer,
-            bias_constraint=bias_constraint,
-            **kwargs,
-        )
+        super().__init__(**kwargs)
         self._grid, self._heights, self._widths = parse_grid(
             blocks, row_sizes, col_sizes
         )

@@ -65,26 +65,8 @@ class DiagonalDense(StructuredDense):
     3
     """
 
-    def __init__(
-        self,
-        *,
-        activation=None,
-        use_bias=False,
-        kernel_initializer="ones",
-        bias_initializer="zeros",
-        bias_regularizer=None,
-        bias_constraint=None,
-        **kwargs,
-    ):
-        super().__init__(
-            activation=activation,
-            use_bias=use_bias,
-            kernel_initializer=kernel_initializer,
-            bias_initializer=bias_initializer,
-            bias_regularizer=bias_regularizer,
-            bias_constraint=bias_constraint,
-            **kwargs,
-        )
+    def __init__(self, *, kernel_initializer="ones", **kwargs):
+        super().__init__(kernel_initializer=kernel_initializer, **kwargs)
 
     @classmethod
     def from_dense(cls, dense, *, project: bool = False) -> DiagonalDense:
@@ -180,24 +162,11 @@ class BandedDense(StructuredDense):
         upper: int,
         *,
         fixed_diagonal=None,
-        activation=None,
-        use_bias=False,
         kernel_initializer="zeros",
         diagonal_initializer="ones",
-        bias_initializer="zeros",
-        bias_regularizer=None,
-        bias_constraint=None,
         **kwargs,
     ):
-        super().__init__(
-            activation=activation,
-            use_bias=use_bias,
-            kernel_initializer=kernel_initializer,
-            bias_initializer=bias_initializer,
-            bias_regularizer=bias_regularizer,
-            bias_constraint=bias_constraint,
-            **kwargs,
-        )
+        super().__init__(kernel_initializer=kernel_initializer, **kwargs)
         self.lower = non_negative_int(lower, "lower")
         self.upper = non_negative_int(upper, "upper")
         self._fixed = (
