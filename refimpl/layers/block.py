@@ -7,14 +7,14 @@ import numpy as np
 from keras import ops
 
 from refimpl import selection
-from refimpl.layers._base import (
-    StructuredDense,
+from refimpl.layers._arguments import (
     check_outside,
     copy_bias,
     dense_arguments,
     input_dim,
     parse_grid,
 )
+from refimpl.layers._base import StructuredDense
 from refimpl.ops import initializer as _constant
 from refimpl.structured import block, block_matmul
 

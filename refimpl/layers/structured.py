@@ -24,8 +24,7 @@ from keras import ops
 
 from refimpl import selection
 from refimpl._tensors import split_last
-from refimpl.layers._base import (
-    StructuredDense,
+from refimpl.layers._arguments import (
     check_outside,
     copy_bias,
     dense_arguments,
@@ -33,6 +32,7 @@ from refimpl.layers._base import (
     input_dim,
     non_negative_int,
 )
+from refimpl.layers._base import StructuredDense
 from refimpl.ops import initializer as _constant
 from refimpl.structured import (
     banded,

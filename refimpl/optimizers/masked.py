@@ -1,33 +1,4 @@
-"""Mask the gradients of full variables: :class:`MaskedOptimizer` and its helpers.
-
-The "restrict the update" family in its plainest form: the weight stays one
-full variable; the gradient of its frozen entries is replaced by zero (a
-select, never a product: ``0 * inf`` is NaN) before the optimizer sees it.
-
-* :class:`MaskedOptimizer` wraps any Keras optimizer, the way
-  ``keras.optimizers.LossScaleOptimizer`` does: it changes what reaches the
-  inner optimizer and leaves everything else to it (clipping, EMA, gradient
-  accumulation, loss scaling, schedules). Use it in ``compile``/``fit`` or in a
-  custom loop.
-* :func:`apply_masked_gradients` is one such step for a custom loop, on the
-  same code; :func:`mask_gradients` only masks.
-
-With plain SGD, momentum SGD, Adam and Lion, a gradient that has always been
-zero means no update. Optimizers that move such an entry break that: any with
-decoupled weight decay, Ftrl, Muon, ScheduleFreeAdamW (by a few ULP) and
-Adafactor (where a fully frozen row meets a fully frozen column). With
-``restore_frozen=True`` the wrapper writes the frozen values back after every
-update, which keeps the frozen entries bit-exact under any optimizer, for one
-copy of each masked variable and one select per step.
-
-A floating-point mask with values in [0, 1] scales each entry's *update* (new
-value minus old), not its gradient: a per-entry learning-rate multiplier that
-adaptive optimizers respect too (Adam would undo a scaled gradient). An entry
-at 0.0 keeps its exact bits, one at 1.0 gets the inner optimizer's update.
-
-Every ``masks`` argument is a list of ``(variable, mask)`` pairs; a variable
-that no pair names trains in full.
-"""
+"""The :class:`MaskedOptimizer` wrapper (see :mod:`refimpl.optimizers`)."""
 
 from __future__ import annotations
 
@@ -38,21 +9,10 @@ from refimpl import _compat, backend
 from refimpl._pairs import check_pairs, pair_masks
 from refimpl.masks import describe, variable_path
 from refimpl.ops import initializer as _constant
+from refimpl.optimizers._saved import _BASE_OPTIONS, _NOT_LOADED, _find_path, _Untracked
 from refimpl.optimizers.steps import _masked_step
 
 __all__ = ["MaskedOptimizer"]
-
-_BASE_OPTIONS = {
-    "weight_decay": None,
-    "clipnorm": None,
-    "global_clipnorm": None,
-    "clipvalue": None,
-    "use_ema": False,
-    "ema_momentum": 0.99,
-    "ema_overwrite_frequency": None,
-    "loss_scale_factor": None,
-    "gradient_accumulation_steps": None,
-}
 
 
 @keras.saving.register_keras_serializable(package="refimpl")
@@ -351,43 +311,3 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             config.pop("optimizer"), custom_objects=custom_objects
         )
         return cls(inner, **config)
-
-
-def _find_path(path: str, var_list) -> int:
-    """The index of the one variable whose path is ``path``.
-
-    The full path decides; only where no path equals it is a path that ends
-    in it (or that it ends in) accepted, and then it must be one. (A saved
-    index is never trusted: variables may come in another order.)
-    """
-    paths = [variable_path(v) for v in var_list]
-    found = [i for i, own in enumerate(paths) if own == path]
-    if not found:
-        found = [
-            i
-            for i, own in enumerate(paths)
-            if own.endswith("/" + path) or path.endswith("/" + own)
-        ]
-    if len(found) > 1:
-        raise ValueError(
-            f"The saved MaskedOptimizer masks the variable '{path}', and "
-            f"{len(found)} variables of the model being trained match it: "
-            f"{[paths[i] for i in found][:8]}. Pass the masks again: "
-            "MaskedOptimizer(optimizer, masks)."
-        )
-    if not found:
-        raise ValueError(
-            f"The saved MaskedOptimizer masks the variable '{path}', which the "
-            f"model being trained does not have. Its variables: {paths[:8]}"
-        )
-    return found[0]
-
-
-_NOT_LOADED = -1.0
-
-
-class _Untracked:
-    """Holds a value out of sight of Keras' attribute tracking."""
-
-    def __init__(self, value):
-        self.value = value
