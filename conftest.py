@@ -22,8 +22,7 @@ _BACKENDS = ("tensorflow", "jax", "torch")
 import pytest  # noqa: E402
 
 _TENSORFLOW_LEVEL = (
-    "refimpl/tf/stop_gradient.py",
-    "refimpl/tf/scipy_optimize.py",
+    "refimpl/tf",
     "evidence",
 )
 
