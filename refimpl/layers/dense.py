@@ -127,7 +127,7 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
 
     @classmethod
     def from_config(cls, config):
-        """A shell of the saved layer: its positions and values come with the weights."""
+        """A shell of the saved layer; its values come with its weights."""
         return cls(**config)
 
     @classmethod
