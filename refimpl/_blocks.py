@@ -13,8 +13,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from refimpl._checks import describe
 from refimpl._tensors import _batch, _dtype, _is_array, _tensor, split_last
-from refimpl.masks import describe
 
 
 def block(rows: Sequence[Sequence]):

@@ -10,14 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from refimpl import backend
-from refimpl.masks import (
-    _as_numpy,
-    _check_shape,
-    describe,
-    normalize_shape,
-    to_mask,
-    variable_path,
-)
+from refimpl._checks import describe, normalize_shape, variable_path
+from refimpl.masks import _as_numpy, _check_shape, to_mask
 
 
 def to_update_scale(mask, shape, *, name: str = "mask") -> np.ndarray:

@@ -9,7 +9,7 @@ import numpy as np
 from keras import ops
 
 from refimpl import backend
-from refimpl.masks import describe
+from refimpl._checks import describe
 
 
 def split_last(x, sizes: Sequence[int]) -> list:

@@ -6,9 +6,10 @@ import keras
 import numpy as np
 
 from refimpl import _compat
+from refimpl._checks import describe
 from refimpl.layers.enable import enable_partial, supported_classes, target_weight
 from refimpl.layers.partial import PartialWeightMixin
-from refimpl.masks import describe, to_mask
+from refimpl.masks import to_mask
 from refimpl.ops import check_mode
 
 __all__ = ["merge", "partial_layers", "partialize"]

@@ -20,65 +20,13 @@ values, known when the graph is traced.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import keras
 import numpy as np
 
 from refimpl import backend
+from refimpl._checks import describe, normalize_shape
 
 __all__ = ["as_array", "indices_to_mask", "mask_to_indices", "to_mask"]
-
-
-def normalize_shape(shape, *, name: str = "shape") -> tuple[int, ...]:
-    """Return ``shape`` as a tuple of non-negative Python ints.
-
-    Args:
-        shape: a tuple, list, ``tf.TensorShape`` or NumPy shape. Every
-            dimension must be known.
-        name: the argument's name, used in error messages.
-
-    Returns:
-        The shape as a tuple of ints.
-
-    Raises:
-        TypeError: if ``shape`` is not a sequence of integers.
-        ValueError: if a dimension is unknown or negative.
-
-    >>> normalize_shape([2, np.int64(3)])
-    (2, 3)
-    """
-    if type(shape).__name__ == "TensorShape":  # tf.TensorShape, without tf
-        if shape.rank is None or not shape.is_fully_defined():
-            raise ValueError(
-                f"`{name}` must be fully known, with a static size in every "
-                f"dimension. Received: {name}={shape}"
-            )
-        shape = shape.as_list()
-    if isinstance(shape, (int, np.integer)):
-        shape = (shape,)
-    if not isinstance(shape, Sequence) and not isinstance(shape, np.ndarray):
-        raise TypeError(
-            f"`{name}` must be a tuple of ints. Received: {name}={describe(shape)}"
-        )
-    dims = []
-    for d in shape:
-        if d is None:
-            raise ValueError(
-                f"`{name}` must be fully known, with a static size in every "
-                f"dimension. Received: {name}={tuple(shape)}"
-            )
-        if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
-            raise TypeError(
-                f"`{name}` must be a tuple of ints. Received: {name}={describe(shape)}"
-            )
-        if d < 0:
-            raise ValueError(
-                f"`{name}` must have non-negative dimensions. "
-                f"Received: {name}={tuple(shape)}"
-            )
-        dims.append(int(d))
-    return tuple(dims)
 
 
 def _as_numpy(value, name: str) -> np.ndarray:
@@ -158,13 +106,13 @@ def indices_to_mask(indices, shape, *, name: str = "indices") -> np.ndarray:
     if not np.issubdtype(array.dtype, np.integer):
         raise TypeError(
             f"`{name}` must hold integers. Received dtype {array.dtype}: "
-            f"{name}={_short(array)}"
+            f"{name}={describe(array)}"
         )
     if array.ndim != 2 or array.shape[1] != rank:
         raise ValueError(
             f"`{name}` must have shape [k, {rank}] (one row of {rank} "
             f"coordinate(s) per position, for a tensor of shape {shape}). "
-            f"Received shape {tuple(array.shape)}: {name}={_short(array)}"
+            f"Received shape {tuple(array.shape)}: {name}={describe(array)}"
         )
     if (array < 0).any():
         bad = array[(array < 0).any(axis=1)][0]
@@ -187,7 +135,7 @@ def indices_to_mask(indices, shape, *, name: str = "indices") -> np.ndarray:
         raise ValueError(
             f"`{name}` names the position {[int(i) for i in dup]} more than "
             f"once; duplicated indices would be summed by scatter operations. "
-            f"Received: {name}={_short(array)}"
+            f"Received: {name}={describe(array)}"
         )
     mask.reshape(-1)[flat] = True
     return mask
@@ -241,7 +189,7 @@ def to_mask(
                 f"[k, {len(shape)}], so this one is ambiguous; pass a boolean "
                 f"mask (for example `{name}.astype(bool)`), or call "
                 f"`refimpl.masks.indices_to_mask` for indices. "
-                f"Received: {name}={_short(array)}"
+                f"Received: {name}={describe(array)}"
             )
         return indices_to_mask(array, shape, name=name)
     if np.issubdtype(array.dtype, np.floating):
@@ -250,12 +198,12 @@ def to_mask(
             bad = array[~np.isin(array, (0.0, 1.0))].ravel()[0]
             raise ValueError(
                 f"`{name}` is a floating-point mask, so it may only hold 0.0 "
-                f"and 1.0. Received the value {bad!r} in {name}={_short(array)}"
+                f"and 1.0. Received the value {bad!r} in {name}={describe(array)}"
             )
         return array == 1.0
     raise TypeError(
         f"`{name}` must be a boolean mask or an integer index list. "
-        f"Received dtype {array.dtype}: {name}={_short(array)}"
+        f"Received dtype {array.dtype}: {name}={describe(array)}"
     )
 
 
@@ -272,7 +220,7 @@ def mask_to_indices(mask) -> np.ndarray:
     if array.dtype != bool:
         raise TypeError(
             f"`mask` must be boolean. Received dtype {array.dtype}: "
-            f"mask={_short(array)}"
+            f"mask={describe(array)}"
         )
     return np.argwhere(array).astype(np.int64)
 
@@ -311,54 +259,5 @@ def _check_shape(array: np.ndarray, shape: tuple[int, ...], name: str) -> None:
     if array.shape != shape:
         raise ValueError(
             f"`{name}` must have the tensor's shape {shape}. Received a mask "
-            f"of shape {tuple(array.shape)}: {name}={_short(array)}"
+            f"of shape {tuple(array.shape)}: {name}={describe(array)}"
         )
-
-
-def variable_path(variable) -> str:
-    """A variable's path (``"dense/kernel"``), the one name refimpl shows for it."""
-    return str(getattr(variable, "path", None) or variable.name).removesuffix(":0")
-
-
-def describe(value) -> str:
-    """What an error message shows of a received value: never a whole array.
-
-    A scalar, a string or a container of at most six scalars is shown as its
-    ``repr`` (cut at 80 characters); anything larger as its type, shape and
-    dtype, such as ``ndarray of shape (64, 64) and dtype float64``.
-
-    >>> describe(3), describe([1, 2]), describe(np.zeros((64, 64)))
-    ('3', '[1, 2]', 'ndarray of shape (64, 64) and dtype float64')
-    """
-    if value is None or isinstance(value, (bool, int, float, str, np.generic)):
-        text = repr(value)
-        return text if len(text) <= 80 else text[:77] + "..."
-    kind = type(value).__name__
-    shape = getattr(value, "shape", None)
-    dtype = getattr(value, "dtype", None)
-    if shape is None and isinstance(value, (list, tuple)):
-        try:
-            array = np.asarray(value)
-        except (TypeError, ValueError):
-            array = None
-        if array is not None and array.dtype != object and array.size <= 6:
-            text = repr(value)
-            if len(text) <= 80:
-                return text
-        if array is not None and array.dtype != object:
-            shape, dtype = array.shape, None
-        else:
-            return f"{kind} of length {len(value)}"
-    if shape is None:
-        text = repr(value)
-        return text if len(text) <= 80 else f"an object of type {kind}"
-    text = f"{kind} of shape {tuple(shape)}"
-    if dtype is not None:
-        try:
-            text += f" and dtype {keras.backend.standardize_dtype(dtype)}"
-        except (TypeError, ValueError):
-            text += f" and dtype {dtype}"
-    return text
-
-
-_short = describe

@@ -21,7 +21,8 @@ import keras
 import numpy as np
 
 from refimpl import backend
-from refimpl.masks import describe, normalize_shape, to_mask
+from refimpl._checks import describe, normalize_shape
+from refimpl.masks import to_mask
 
 __all__ = [
     "MODES",

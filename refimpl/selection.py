@@ -23,7 +23,8 @@ import keras
 import numpy as np
 
 from refimpl import backend
-from refimpl.masks import as_array, describe, normalize_shape
+from refimpl._checks import describe, normalize_shape
+from refimpl.masks import as_array
 
 __all__ = [
     "band_mask",

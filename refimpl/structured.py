@@ -23,8 +23,8 @@ import numpy as np
 from keras import ops
 
 from refimpl._blocks import block, block_matmul
+from refimpl._checks import describe
 from refimpl._tensors import _batch, _dtype, _is_array, _vector
-from refimpl.masks import describe
 
 __all__ = [
     "banded",

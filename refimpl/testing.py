@@ -13,7 +13,8 @@ import re
 import keras
 import numpy as np
 
-from refimpl.masks import as_array, describe, to_mask
+from refimpl._checks import describe
+from refimpl.masks import as_array, to_mask
 
 __all__ = ["moved", "assert_frozen", "count_free_parameters", "count_optimizer_state"]
 

@@ -19,10 +19,15 @@ import keras
 import numpy as np
 
 from refimpl import _compat, backend
-from refimpl.masks import as_array, describe, normalize_shape, to_mask
+from refimpl._variable_arguments import (
+    check_exact,
+    check_sparse_rank,
+    float_array,
+    read_arguments,
+)
+from refimpl.masks import to_mask
 from refimpl.ops import (
     SelectMask,
-    check_mode,
     compose,
     index_dtype,
     mode_for,
@@ -116,57 +121,19 @@ class PartialVariable(keras.layers.Layer):
         auto: bool = False,
         **kwargs,
     ):
-        check_mode(mode)
-        if not isinstance(auto, (bool, np.bool_)):
-            raise TypeError(f"`auto` must be a bool. Received: auto={describe(auto)}")
-        if auto and mode not in ("sparse", "delta"):
-            raise ValueError(
-                "`auto` goes with a resolved mode 'sparse' or 'delta' (what "
-                f"mode='auto' resolves to). Received: auto=True, mode={describe(mode)}"
-            )
-        shell = initial_value is None and mask is None
-        if shell:
-            if shape is None or num_free is None:
-                raise ValueError(
-                    "`initial_value` and `mask` are required. (Only a shell "
-                    "rebuilt from a saved config gives `shape` and `num_free` "
-                    "instead.) Received: initial_value=None, mask=None"
-                )
-            if mode == "auto":
-                raise ValueError("A shell needs its resolved `mode`. Received: 'auto'")
-            shape = normalize_shape(shape, name="shape")
-            num_free = _count(num_free, int(np.prod(shape)))
-            value = None
-            _check_sparse_rank(mode, shape)
-        else:
-            if initial_value is None or mask is None:
-                missing, given = (
-                    ("initial_value", "mask")
-                    if initial_value is None
-                    else ("mask", "initial_value")
-                )
-                raise ValueError(
-                    f"`{missing}` is required with `{given}`. Received: {missing}=None"
-                )
-            if shape is not None or num_free is not None:
-                extra = "shape" if shape is not None else "num_free"
-                raise ValueError(
-                    f"`{extra}` is only for a shell rebuilt from a config, "
-                    "which has no `initial_value` or `mask`: give one or the "
-                    f"other. Received: shape={describe(shape)}, "
-                    f"num_free={describe(num_free)}"
-                )
-            value = _float_array(initial_value)
-            shape = tuple(value.shape)
+        value, shape, num_free = read_arguments(
+            initial_value, mask, mode, shape, num_free, auto
+        )
+        if value is not None:
             kwargs.setdefault("dtype", value.dtype.name)
         super().__init__(**kwargs)
         if value is not None:
-            _check_exact(value, self.variable_dtype)
+            check_exact(value, self.variable_dtype)
             bool_mask = to_mask(mask, shape, name="mask")
             if mode == "auto":
                 mode = mode_for(int(bool_mask.sum()), shape, jit_compile=False)
                 auto = mode != "select"
-            _check_sparse_rank(mode, shape)
+            check_sparse_rank(mode, shape)
             flat = np.flatnonzero(bool_mask)
             num_free = len(flat)
         self.mode = mode
@@ -219,7 +186,7 @@ class PartialVariable(keras.layers.Layer):
         >>> keras.ops.convert_to_numpy(v.free)
         array([3.], dtype=float32)
         """
-        return cls(_float_array(w, name="w"), mask, **kwargs)
+        return cls(float_array(w, name="w"), mask, **kwargs)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -326,41 +293,3 @@ class PartialVariable(keras.layers.Layer):
         config["num_free"] = self._num_free
         config["auto"] = self.auto
         return {**super().get_config(), **config}
-
-
-def _check_sparse_rank(mode: str, shape) -> None:
-    if mode == "sparse" and len(shape) != 2:
-        raise ValueError(
-            "mode='sparse' is a matrix product: it needs a 2-D tensor. "
-            f"Received a tensor of shape {tuple(shape)}"
-        )
-
-
-def _check_exact(value: np.ndarray, dtype: str) -> None:
-    # The promise is bit-for-bit frozen entries: a dtype that rounds them
-    # would break it before the first step, so the rounding must be asked for.
-    cast = np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(value, dtype)))
-    if not np.array_equal(cast.astype(value.dtype), value, equal_nan=True):
-        raise ValueError(
-            f"`dtype` {dtype!r} cannot hold the values of `initial_value` "
-            f"({value.dtype.name}) exactly, so the frozen entries would be "
-            "rounded. Cast the values yourself to accept that, for example "
-            f"`initial_value.astype({dtype!r})`. Received: dtype={dtype!r}"
-        )
-
-
-def _float_array(value, name: str = "initial_value") -> np.ndarray:
-    return as_array(value, name, kind="floating", what="a floating-point tensor")
-
-
-def _count(value, size: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(
-            f"`num_free` must be an int. Received: num_free={describe(value)}"
-        )
-    if not 0 <= value <= size:
-        raise ValueError(
-            f"`num_free` must be between 0 and the tensor's size {size}. "
-            f"Received: num_free={value}"
-        )
-    return int(value)

@@ -55,6 +55,7 @@ def test_the_backend_is_the_one_asked_for():
     assert refimpl.backend.name == BACKEND == os.environ.get("KERAS_BACKEND", BACKEND)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "optimizer",
     ["adamw", "adafactor", "lion", "sgd_momentum", "ftrl"],
@@ -113,6 +114,7 @@ def test_every_supported_layer_converts_and_keeps_its_outputs():
     np.testing.assert_array_equal(numpy(merged(x)), numpy(converted(x)))
 
 
+@pytest.mark.slow
 def test_the_structured_layers_train_and_keep_their_structure():
     # A fixed block is given by its values; the string "fixed" is the shell
     # `from_config` builds, which refuses to run until its weights are loaded.
@@ -170,6 +172,7 @@ class Scaled(keras.layers.Layer):
         return keras.ops.matmul(x, self.w.value())
 
 
+@pytest.mark.slow
 def test_a_partial_variable_inside_a_custom_layer_trains_under_fit():
     layer = Scaled(MASK)
     model = keras.Sequential([keras.Input((6,)), layer])
@@ -181,6 +184,7 @@ def test_a_partial_variable_inside_a_custom_layer_trains_under_fit():
     assert refimpl.testing.count_free_parameters(model) == MASK.sum()
 
 
+@pytest.mark.slow
 def test_freeze_entries_keeps_the_frozen_bits_under_adamw():
     init = RNG.normal(size=(6, 4)).astype("float32")
     layer = keras.layers.Dense(
@@ -195,6 +199,7 @@ def test_freeze_entries_keeps_the_frozen_bits_under_adamw():
     refimpl.testing.assert_frozen(before, numpy(layer.kernel), MASK)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("restore_frozen", [False, True])
 def test_masked_optimizer_under_fit(restore_frozen):
     model = dense_model()
@@ -214,6 +219,7 @@ def test_masked_optimizer_under_fit(restore_frozen):
     assert int(numpy(optimizer.iterations)) == 8
 
 
+@pytest.mark.slow
 def test_masked_optimizer_without_restore_lets_weight_decay_move_frozen_entries():
     # The "restrict the update" caveat, on this backend's AdamW too.
     model = dense_model()
@@ -280,6 +286,7 @@ def test_structured_builders_and_products():
     )
 
 
+@pytest.mark.slow
 def test_keras_round_trip_keeps_training_exactly(tmp_path):
     model = refimpl.partialize(dense_model(), {"dense": MASK})
     fit(model, epochs=1)
@@ -376,6 +383,7 @@ def test_a_model_saved_under_another_backend_loads_and_trains_exactly_here(tmp_p
     assert refimpl.testing.moved(before, after)[mask].all()
 
 
+@pytest.mark.slow
 @pytest.mark.tensorflow_only
 def test_tensorflow_level_code_says_which_backend_it_needs():
     # Run under JAX in a subprocess: the clear error names the backend.

@@ -40,6 +40,7 @@ def _dense_model(optimizer, *, freeze=True):
     return model, dense
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_frozen_entries_stay_bit_exact_with_fit_and_every_optimizer(name):
     model, dense = _dense_model(OPTIMIZERS[name]())
@@ -49,6 +50,7 @@ def test_frozen_entries_stay_bit_exact_with_fit_and_every_optimizer(name):
     assert (moved(start, dense.kernel) & MASK).any(), "no free entry moved"
 
 
+@pytest.mark.slow
 def test_without_the_constraint_adamw_moves_frozen_entries():
     model, dense = _dense_model(OPTIMIZERS["adamw"](), freeze=False)
     start = keras.ops.convert_to_numpy(dense.kernel)
@@ -57,6 +59,7 @@ def test_without_the_constraint_adamw_moves_frozen_entries():
         assert_frozen(start, dense.kernel, MASK)
 
 
+@pytest.mark.slow
 def test_dense_with_the_constraint_saves_loads_and_trains_on_bit_exact(tmp_path):
     values = np.random.default_rng(3).normal(size=(5, 3)).astype("float32")
     dense = keras.layers.Dense(

@@ -429,6 +429,7 @@ def _unregister_refimpl(monkeypatch):
         monkeypatch.delitem(registry, name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(MODELS))
 def test_a_merged_model_saves_and_loads_without_refimpl(kind, tmp_path, monkeypatch):
     model = MODELS[kind]()

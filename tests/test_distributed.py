@@ -231,6 +231,7 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_launch_kills_workers_that_time_out(tmp_path):
     with pytest.raises(RuntimeError, match="worker 0 failed \\(timed out\\)"):
         distributed.launch(str(tmp_path), workers=2, timeout=0.5)
@@ -282,6 +283,7 @@ def test_problem_starts_from_what_the_technique_can_hold(technique):
         assert (data["initial"][~data["mask"]] == 0).all()
 
 
+@pytest.mark.slow
 def test_train_in_process_keeps_frozen_entries_and_trains_the_free_ones():
     # One short custom loop and one fit, on the default (one-device) strategy.
     data = distributed.problem("partial_delta")

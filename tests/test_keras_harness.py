@@ -19,6 +19,7 @@ EYE = np.eye(4, 3, dtype=bool)
 
 
 class LayerHarnessTest(testing.TestCase):
+    @pytest.mark.slow
     def test_partial_dense(self):
         for mode, trainable in (("delta", 2), ("sparse", 2), ("select", 2)):
             self.run_layer_test(
@@ -41,6 +42,7 @@ class LayerHarnessTest(testing.TestCase):
             expected_num_non_trainable_weights=0,
         )
 
+    @pytest.mark.slow
     def test_banded_dense(self):
         self.run_layer_test(
             refimpl.BandedDense,
@@ -51,6 +53,7 @@ class LayerHarnessTest(testing.TestCase):
             expected_num_non_trainable_weights=0,
         )
 
+    @pytest.mark.slow
     def test_block_dense(self):
         self.run_layer_test(
             refimpl.BlockDense,

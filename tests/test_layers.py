@@ -98,6 +98,7 @@ def mixed_precision():
     keras.mixed_precision.set_global_policy("float32")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", _names())
 def test_layer_trains_saves_loads_and_trains_again_with_frozen_entries_bit_exact(
     name, tmp_path
@@ -219,6 +220,7 @@ def test_from_config_round_trip_gives_the_same_layer(name):
     np.testing.assert_array_equal(clone(x), layer(x))
 
 
+@pytest.mark.slow
 @pytest.mark.tensorflow_only
 @pytest.mark.parametrize("name", _names())
 def test_checkpoint_round_trip_restores_the_kernel(name, tmp_path):
@@ -295,6 +297,7 @@ def test_partial_dense_modes_build_the_same_kernel():
     assert kernels[1].partial_free.shape == RANDOM_MASK.shape
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "nothing",
     [
@@ -379,6 +382,7 @@ def test_fixed_values_are_non_trainable_weights_that_count_params_includes():
     assert blocks.count_params() == 9 + 9 + 9
 
 
+@pytest.mark.slow
 def test_fixed_values_stay_bit_exact_under_weight_decay():
     layer = BlockDense(SEED_BLOCKS)
     model = _model(layer, 6)
@@ -594,6 +598,7 @@ def test_random_mask_frozen_entries_stay_bit_exact_under_adamw(mask, mode):
     assert_frozen(start, layer.kernel, mask)
 
 
+@pytest.mark.slow
 @pytest.mark.tensorflow_only
 @given(data=st.data())
 def test_random_band_frozen_entries_stay_bit_exact_under_adamw(data):

@@ -85,6 +85,7 @@ STILL_AT_ZERO_GRADIENT = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MOVE_AT_ZERO_GRADIENT))
 def test_fit_with_restore_frozen_keeps_frozen_entries_bit_exact(name):
     model = _model()
@@ -98,6 +99,7 @@ def test_fit_with_restore_frozen_keeps_frozen_entries_bit_exact(name):
     assert moved(before, kernel).any(), "the trainable entries did not train"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(STILL_AT_ZERO_GRADIENT))
 def test_fit_without_restore_is_exact_when_zero_gradient_means_no_move(name):
     model = _model()
@@ -109,6 +111,7 @@ def test_fit_without_restore_is_exact_when_zero_gradient_means_no_move(name):
     assert moved(before, kernel)[KERNEL_MASK].all()
 
 
+@pytest.mark.slow
 def test_fit_without_restore_lets_adamw_weight_decay_move_frozen_entries():
     # The contrast to the two tests above: masking the gradient alone does not
     # stop decoupled weight decay; restore_frozen does.
@@ -127,6 +130,7 @@ def test_fit_without_restore_lets_adamw_weight_decay_move_frozen_entries():
     assert moved_frozen == {False: int((~KERNEL_MASK).sum()), True: 0}
 
 
+@pytest.mark.slow
 def test_fit_with_metrics_and_callbacks_trains_and_reports_as_usual():
     model = _model()
     kernel = model.get_layer("body").kernel
@@ -149,6 +153,7 @@ def test_fit_with_metrics_and_callbacks_trains_and_reports_as_usual():
     assert_frozen(before, kernel, KERNEL_MASK)
 
 
+@pytest.mark.slow
 def test_with_no_pair_it_trains_exactly_like_its_inner_optimizer():
     plain, wrapped = _model(), _model()
     a = _fit(plain, keras.optimizers.Adam(0.05), shuffle=False)
@@ -287,6 +292,7 @@ def test_ema_on_the_inner_optimizer_keeps_frozen_entries_through_finalize(restor
         assert moved(before, w).all()
 
 
+@pytest.mark.slow
 def test_ema_on_the_inner_optimizer_in_fit_keeps_frozen_entries_bit_exact():
     model = _model()
     kernel = model.get_layer("body").kernel
@@ -357,6 +363,7 @@ def test_learning_rate_follows_the_inner_schedule():
     )  # steps of 1.0 and 0.5
 
 
+@pytest.mark.slow
 def test_reduce_lr_on_plateau_lowers_the_inner_learning_rate_during_fit():
     model = _model()
     kernel = model.get_layer("body").kernel
@@ -462,6 +469,7 @@ def test_an_optimizer_rebuilt_from_config_never_trains_entries_the_original_froz
 # -- execution contexts ------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.tensorflow_only
 def test_custom_training_loop_inside_tf_function_keeps_frozen_entries():
     w = keras.Variable(np.ones((2, 2), "float32"))
@@ -490,6 +498,7 @@ def mixed_float16():
     keras.mixed_precision.set_global_policy("float32")
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("mixed_float16")
 def test_under_mixed_float16_compile_wraps_it_in_loss_scaling_and_stays_exact():
     model = _model()
@@ -508,6 +517,7 @@ def test_under_mixed_float16_compile_wraps_it_in_loss_scaling_and_stays_exact():
     assert moved(before, kernel)[KERNEL_MASK].all()
 
 
+@pytest.mark.slow
 @pytest.mark.tensorflow_only
 @pytest.mark.parametrize("restore", [False, True])
 def test_embedding_indexed_slices_gradient_is_masked_entry_by_entry(restore):
@@ -552,6 +562,7 @@ def _grouped(model, pattern=".*body/.*"):
     return optimizer, masked
 
 
+@pytest.mark.slow
 def test_masked_optimizer_as_a_group_of_keras_multi_optimizer(tmp_path):
     model = _model()
     kernel = model.get_layer("body").kernel
@@ -579,6 +590,7 @@ def test_masked_optimizer_as_a_group_of_keras_multi_optimizer(tmp_path):
     _assert_train_alike(model, loaded, before)
 
 
+@pytest.mark.slow
 def test_a_pattern_on_the_model_prefix_regroups_after_reload_and_keras_warns(tmp_path):
     # Keras' OptimizerMap matches patterns against variable paths. A pattern
     # anchored on the auto-generated model prefix ('sequential/body/kernel')
@@ -643,6 +655,7 @@ def _masked_multi_optimizer():
     return model, kernel, keras.ops.convert_to_numpy(kernel), optimizer
 
 
+@pytest.mark.slow
 def test_masked_optimizer_wrapping_a_keras_multi_optimizer():
     model, kernel, before, optimizer = _masked_multi_optimizer()
     _fit(model, optimizer)
@@ -653,6 +666,7 @@ def test_masked_optimizer_wrapping_a_keras_multi_optimizer():
         _ = optimizer.learning_rate
 
 
+@pytest.mark.slow
 def test_masked_optimizer_wrapping_a_multi_optimizer_round_trips(tmp_path):
     model, kernel, before, optimizer = _masked_multi_optimizer()
     _fit(model, optimizer, epochs=1)
@@ -804,6 +818,7 @@ def test_masking_alone_lets_decay_and_ftrl_move_frozen_entries(name):
     assert (moved(initial, keras.ops.convert_to_numpy(variable)) & ~mask).any()
 
 
+@pytest.mark.slow
 @pytest.mark.tensorflow_only
 @given(shape_and_mask(), st.sampled_from(sorted(DRIFTING)))
 def test_restore_frozen_is_exact_under_any_optimizer(case, name):

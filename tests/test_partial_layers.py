@@ -133,6 +133,7 @@ def test_outputs_are_bit_exact_and_only_the_free_values_train(name):
     assert not isinstance(model.get_layer("target"), tuple(PARTIAL_CLASSES.values()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SOME_SLOW)
 @pytest.mark.parametrize(
     "optimizer",
@@ -165,6 +166,7 @@ def test_fit_keeps_frozen_entries_bit_exact(name, optimizer):
     assert np.isfinite(after).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SOME_SLOW)
 def test_adam_state_is_two_values_per_free_value(name):
     model, x, y = _setup(name)
@@ -183,6 +185,7 @@ def test_adam_state_is_two_values_per_free_value(name):
     assert not kernel_slots
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SOME_SLOW)
 def test_keras_file_round_trip_and_training_again(name, tmp_path):
     model, x, y = _setup(name)
@@ -206,6 +209,7 @@ def test_keras_file_round_trip_and_training_again(name, tmp_path):
     assert len(str(layer.get_config())) < 2000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SOME_SLOW)
 def test_original_weights_file_and_the_converted_model(name, tmp_path):
     # A partial class has its own name (PartialConv2D), and Keras names a
@@ -242,6 +246,7 @@ def test_original_weights_file_and_the_converted_model(name, tmp_path):
     np.testing.assert_array_equal(again.get_layer("target").trainable_mask, mask)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SOME_SLOW)
 def test_merge_and_to_dense_give_plain_layers_with_the_same_outputs(name):
     model, x, y = _setup(name)
@@ -288,6 +293,7 @@ def test_unmapped_layers_keep_trainable_status_batchnorm_and_regularizers():
     ]
 
 
+@pytest.mark.slow
 def test_multi_head_attention_projection_by_weight_path():
     keras.utils.set_random_seed(0)
     inputs = keras.Input((4, 6))
@@ -313,6 +319,7 @@ def test_multi_head_attention_projection_by_weight_path():
     np.testing.assert_array_equal(mask, selection.magnitude_mask(before, k=7))
 
 
+@pytest.mark.slow
 def test_subclassed_model_in_place():
     class Net(keras.Model):
         def __init__(self):
@@ -337,6 +344,7 @@ def test_subclassed_model_in_place():
     refimpl.testing.assert_frozen(before, model.body.kernel, mask)
 
 
+@pytest.mark.slow
 def test_trainable_tokens_only_new_rows_train_under_adamw():
     keras.utils.set_random_seed(0)
     model = keras.Sequential(

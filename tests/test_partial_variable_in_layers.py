@@ -124,6 +124,7 @@ def test_trainable_weights_list_exactly_the_free_values(where):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", WHERE)
 @pytest.mark.parametrize(
     "make_optimizer",
@@ -156,6 +157,7 @@ def test_count_free_parameters_and_summary_report_the_free_count(where):
     assert f"Non-trainable params: {N * UNITS + K} " in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", WHERE)
 def test_keras_file_round_trip_predicts_identically_and_trains_on_exactly(
     where, tmp_path
@@ -181,6 +183,7 @@ def test_keras_file_round_trip_predicts_identically_and_trains_on_exactly(
     refimpl.testing.assert_frozen(start, _value(loaded_layer), MASK)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", WHERE)
 def test_weights_file_round_trip_into_a_fresh_model(where, tmp_path):
     model, layer = _model(where)
@@ -225,6 +228,7 @@ def mixed_float16():
     keras.mixed_precision.set_global_policy("float32")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", WHERE)
 def test_under_mixed_float16_the_value_is_float16_inside_call(where, mixed_float16):
     model, layer = _model(where)
@@ -325,6 +329,7 @@ def test_select_mode_is_opt_in_and_its_optimizer_state_is_full_size(where):
     assert sizes["select"] == 2 * N * UNITS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "where",
     ["build", "init"],

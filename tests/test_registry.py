@@ -33,6 +33,7 @@ def test_every_record_is_used_by_some_instrument():
         assert t.setup or t.fit or t.benchmark or t.keras_fit, t.id
 
 
+@pytest.mark.slow
 def test_one_registry_serves_the_keras_level_matrix_without_tensorflow():
     # The matrix of every backend reads the same records, by the same ids.
     import subprocess

@@ -156,6 +156,7 @@ def _weights(model):
     return [keras.ops.convert_to_numpy(v) for v in values]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "make",
     [_partial_dense, _banded_dense, _freeze_entries, _masked_optimizer],

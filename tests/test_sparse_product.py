@@ -146,6 +146,7 @@ def test_gradient_of_the_free_values_equals_the_dense_reference():
 # --- training: frozen entries bit-exact --------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "optimizer",
     [
@@ -177,6 +178,7 @@ def test_sparse_and_delta_train_the_same_values():
     np.testing.assert_allclose(kernels[0], kernels[1], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_mixed_precision_computes_in_float16_and_keeps_frozen_entries():
     w, mask, x, y = _case()
     model = _model(w, mask, dtype="mixed_float16")
@@ -197,6 +199,7 @@ def test_mixed_precision_computes_in_float16_and_keeps_frozen_entries():
 # --- saving ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_keras_round_trip_keeps_mode_values_and_outputs(tmp_path):
     w, mask, x, y = _case()
     model = _model(w, mask)
@@ -240,6 +243,7 @@ def test_auto_round_trip_keeps_the_trace_time_choice(tmp_path):
         )
 
 
+@pytest.mark.slow
 def test_weights_saved_in_delta_mode_load_into_a_sparse_layer(tmp_path):
     w, mask, x, y = _case()
     delta = _model(w, mask, mode="delta")
@@ -371,6 +375,7 @@ def test_auto_chooses_the_product_when_traced_by_xla_or_not():
     assert pv.product_mode() == pv.mode  # eagerly: no XLA
 
 
+@pytest.mark.slow
 @pytest.mark.tensorflow_only
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="TensorFlow-level test")
 def test_fit_under_xla_leaves_frozen_entries_bit_exact():

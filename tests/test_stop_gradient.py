@@ -51,6 +51,7 @@ def test_forward_is_x_and_gradient_flows_only_where_mask(fn, case, seed):
     assert not grad[~mask].any()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["eager", "function", "xla"])
 @pytest.mark.parametrize("fn", FUNCTIONS)
 def test_works_in_every_execution_mode(fn, mode):
@@ -89,6 +90,7 @@ def test_mask_forms_agree(fn):
         )
 
 
+@pytest.mark.slow
 def test_static_mask_inside_tf_function():
     x = tf.Variable([1.0, 2.0, 3.0])
 

@@ -84,6 +84,7 @@ def test_banded_gradient_reaches_only_the_free_diagonals():
     np.testing.assert_array_equal(tape.gradient(loss, free), [1.0, 5.0])
 
 
+@pytest.mark.slow
 @pytest.mark.tensorflow_only
 @given(st.integers(2, 8), st.integers(1, 3), st.integers(0, 3))
 def test_adamw_keeps_fixed_diagonal_and_outside_of_band_bit_exact(n, above, below):
@@ -177,6 +178,7 @@ def test_compose_writes_values_in_index_order():
     np.testing.assert_array_equal(by_mask, [[1.0, 0.0], [0.0, 2.0]])
 
 
+@pytest.mark.slow
 @pytest.mark.tensorflow_only
 def test_products_work_inside_tf_function():
     @tf.function

@@ -28,7 +28,7 @@ import importlib
 
 import keras
 
-from refimpl.masks import describe
+from refimpl._checks import describe
 
 __all__ = [
     "assign_on_every_replica",

@@ -6,7 +6,8 @@ import keras
 import numpy as np
 
 from refimpl._blocks import block_sizes, check_rectangular
-from refimpl.masks import as_array, describe
+from refimpl._checks import describe
+from refimpl.masks import as_array
 
 
 def dense_arguments(dense, name: str = "dense") -> tuple[np.ndarray, dict]:

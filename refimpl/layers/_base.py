@@ -6,8 +6,8 @@ import keras
 import numpy as np
 
 from refimpl import _compat, backend
+from refimpl._checks import describe
 from refimpl.layers._arguments import _copy
-from refimpl.masks import describe
 
 # Dense arguments a kernel built from its structure cannot take.
 _NOT_FOR_STRUCTURE = (

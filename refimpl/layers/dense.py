@@ -11,13 +11,14 @@ from __future__ import annotations
 import keras
 import numpy as np
 
+from refimpl._checks import describe
 from refimpl.layers.partial import (
     _PLAIN_TO_PARTIAL,
     PartialWeightMixin,
     _check_constraint,
     _composing,
 )
-from refimpl.masks import describe, mask_shape, to_mask
+from refimpl.masks import mask_shape, to_mask
 from refimpl.ops import check_mode, sparse_matmul
 
 __all__ = ["PartialDense"]

@@ -12,6 +12,7 @@ import types
 import keras
 import numpy as np
 
+from refimpl._checks import describe
 from refimpl.layers.dense import PartialDense
 from refimpl.layers.partial import (
     _ELEMENTWISE_REGULARIZERS,
@@ -20,7 +21,7 @@ from refimpl.layers.partial import (
     _check_constraint,
     _composing,
 )
-from refimpl.masks import describe, to_mask
+from refimpl.masks import to_mask
 from refimpl.ops import check_mode
 
 __all__ = [

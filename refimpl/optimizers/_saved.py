@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from refimpl.masks import variable_path
+from refimpl._checks import variable_path
 
 #: The base-optimizer options the wrapper refuses (the inner optimizer has
 #: them), with their defaults.

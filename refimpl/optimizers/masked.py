@@ -6,8 +6,8 @@ import keras
 import numpy as np
 
 from refimpl import _compat, backend
+from refimpl._checks import describe, variable_path
 from refimpl._pairs import check_pairs, pair_masks
-from refimpl.masks import describe, variable_path
 from refimpl.ops import initializer as _constant
 from refimpl.optimizers._saved import _BASE_OPTIONS, _NOT_LOADED, _find_path, _Untracked
 from refimpl.optimizers.steps import _masked_step

@@ -10,8 +10,9 @@ from __future__ import annotations
 import keras
 
 from refimpl import backend
+from refimpl._checks import describe, variable_path
 from refimpl._pairs import pair_masks, variable_pairs
-from refimpl.masks import describe, mask_constant, variable_path
+from refimpl.masks import mask_constant
 
 
 def mask_gradients(grads_and_vars, masks) -> list[tuple]:
