@@ -29,8 +29,10 @@ import keras
 __all__ = [
     "KERAS_FLOOR",
     "KerasSaveable",
+    "Functional",
     "NotLoadedError",
     "is_functional",
+    "register_under",
     "require_loaded",
     "sub_layers",
     "unlocked",
@@ -87,7 +89,8 @@ def _functional():
     return Functional
 
 
-_Functional = _private("keras.src.models.functional.Functional", _functional)
+#: Keras' functional model class (``keras.Model(inputs, outputs)`` makes one).
+Functional = _private("keras.src.models.functional.Functional", _functional)
 for _name in ("_flatten_layers",):
     _private(f"Layer.{_name}", lambda n=_name: getattr(keras.layers.Layer, n))
 
@@ -115,7 +118,22 @@ def sub_layers(model) -> list:
 
 def is_functional(model) -> bool:
     """Whether ``model`` is a graph of layers (``Functional`` or a subclass)."""
-    return isinstance(model, (_Functional, keras.Sequential))
+    return isinstance(model, (Functional, keras.Sequential))
+
+
+def register_under(cls, name: str, loader) -> None:
+    """Serialize ``cls`` under the registered ``name``; load that name with ``loader``.
+
+    Many classes made at run time (one per plain class, such as
+    ``PartialMultiHeadAttention``) share one registered name, so a fresh
+    process that has not made them yet can load them: ``loader.from_config``
+    rebuilds each from what its config says. Only public Keras calls:
+    registering sets both directions, then the name is pointed at the loader.
+    """
+    keras.saving.register_keras_serializable(
+        package=name.split(">")[0], name=name.split(">")[1]
+    )(cls)
+    keras.saving.get_custom_objects()[name] = loader
 
 
 class NotLoadedError(ValueError):

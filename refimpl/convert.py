@@ -8,6 +8,7 @@ import numpy as np
 from refimpl import _compat
 from refimpl._checks import describe
 from refimpl.layers.enable import enable_partial, supported_classes, target_weight
+from refimpl.layers.hosts import is_container, mark_hosts, unmark_hosts
 from refimpl.layers.partial import PartialWeightMixin
 from refimpl.masks import to_mask
 from refimpl.ops import check_mode
@@ -75,25 +76,31 @@ def partialize(model, layer_masks, *, in_place: bool = False, mode: str = "delta
         (layer, _policy(layer, mask, f"layer_masks[{key!r}]"))
         for key, layer, mask in _resolve(model, layer_masks)
     ]
-    if in_place:
-        for layer, mask in chosen:
-            enable_partial(layer, mask, mode=mode)
-        if getattr(model, "compiled", False):
-            # The optimizer and the traced train step know the old variables:
-            # training on them would move the frozen base and no free value.
-            model.compiled = False
-            model.optimizer = None
-            model.train_function = model.test_function = None
-            model.predict_function = None
-        return model
-    copy = _clone(model)
-    # Nested layers (the projections inside MultiHeadAttention) line up by
-    # their place in the flattened layer list.
-    before, after = _compat.sub_layers(model), _compat.sub_layers(copy)
-    place = {id(layer): i for i, layer in enumerate(before)}
+    target = model if in_place else _copy(model, "partialize")
+    if target is not model:
+        # The copy has the same layers in the same order, at every depth.
+        place = {id(layer): i for i, layer in enumerate(_compat.sub_layers(model))}
+        after = _compat.sub_layers(target)
+        chosen = [(after[place[id(layer)]], mask) for layer, mask in chosen]
     for layer, mask in chosen:
-        enable_partial(after[place[id(layer)]], mask, mode=mode)
-    return copy
+        enable_partial(layer, mask, mode=mode)
+    mark_hosts(target)
+    _uncompile(target)
+    return target
+
+
+def _uncompile(model) -> None:
+    """Mark a model whose variables changed as not compiled.
+
+    Its optimizer and traced steps know the old variables: training on them
+    would move the frozen base and no free value, so ``fit`` must ask for a
+    new ``compile``. (``clone_model`` compiles a copy of a compiled model.)
+    """
+    if getattr(model, "compiled", False):
+        model.compiled = False
+        model.optimizer = None
+        model.train_function = model.test_function = None
+        model.predict_function = None
 
 
 def partial_layers(model) -> list[dict]:
@@ -186,7 +193,7 @@ def _check_model(model, what: str, *, allow_subclassed: bool = False) -> None:
         extra = (
             " Pass `in_place=True` to convert its layers themselves."
             if what == "partialize"
-            else " Call `layer.to_dense()` on its refimpl layers instead."
+            else " Pass `in_place=True` to fold its layers themselves."
         )
         raise TypeError(
             "`model` must be a Sequential or functional model; a subclassed "
@@ -199,33 +206,108 @@ def _check_model(model, what: str, *, allow_subclassed: bool = False) -> None:
         )
 
 
-def merge(model):
-    """Return a plain Keras model with every refimpl layer folded into a Dense.
+def merge(model, *, in_place: bool = False):
+    """Return the plain Keras model: every partial weight folded back, at every depth.
 
-    Each layer that has a ``to_dense()`` method (every layer of
-    :mod:`refimpl.layers`) is replaced by the ``keras.layers.Dense`` it
-    returns; every other layer is cloned with its weights. The result uses
-    only Keras' own classes, so it serves, exports and loads without
-    ``refimpl``.
+    Each partial layer becomes its plain Keras class again, with the trained
+    weight as its own variable (``fold()``, in place on a copy);
+    each layer that held partial sub-layers gets its plain class back; a
+    ``DiagonalDense``, ``BandedDense`` or ``BlockDense`` of a functional or
+    ``Sequential`` model becomes the ``keras.layers.Dense`` its ``to_dense()``
+    gives. The result uses only Keras' (and keras-hub's) own classes, so it
+    serves, exports and loads without ``refimpl``, and predicts what
+    ``model`` predicts.
 
     Args:
-        model: a built ``keras.Sequential`` or functional ``keras.Model``.
+        model: a built model that :func:`partialize` accepts: ``Sequential``,
+            functional or a subclass of it that rebuilds from its config
+            (every keras-hub model), or any model with ``in_place=True``.
+        in_place: fold ``model``'s own layers instead of a copy's (as for a
+            subclassed model converted in place).
 
     Returns:
-        A new model of the same structure and the same weights.
+        The merged model (``model`` itself with ``in_place=True``).
 
     Raises:
-        TypeError: for a subclassed model (its structure is code, which
-            cannot be rewritten), or an object that is not a Keras model.
-        ValueError: for a model that is not built.
+        TypeError: for an object that is not a Keras model, or a subclassed
+            model without ``in_place=True``.
+        ValueError: for a model that is not built, or a refimpl object that
+            has no plain Keras form where it sits (named in the message).
     """
-    _check_model(model, "merge")
-    return _clone(model, replace=lambda layer: getattr(layer, "to_dense", None))
+    _check_model(model, "merge", allow_subclassed=in_place)
+    if not isinstance(in_place, bool):
+        raise TypeError(
+            f"`in_place` must be True or False. Received: {describe(in_place)}"
+        )
+    structured = [
+        layer
+        for layer in _compat.sub_layers(model)
+        if hasattr(layer, "to_dense") and not isinstance(layer, PartialWeightMixin)
+    ]
+    top = {id(layer) for layer in getattr(model, "layers", ())}
+    if in_place or not is_container(model):
+        # Only a functional or Sequential model's own layers can be replaced.
+        top = set()
+    top &= {id(layer) for layer in structured}
+    misplaced = [layer for layer in structured if id(layer) not in top]
+    if misplaced:
+        raise ValueError(
+            f"`model` holds {', '.join(_where(layer) for layer in misplaced)} "
+            f"({type(misplaced[0]).__name__}), whose weights are not a Keras "
+            "layer's own: merge replaces such a layer only among the layers of "
+            "a functional or Sequential model, and not with `in_place=True`. "
+            "Call its `to_dense()` and put the Dense layer in its place"
+        )
+    if in_place:
+        merged = model
+    elif is_container(model):
+        merged = _clone(
+            model,
+            replace=lambda layer: layer.to_dense if id(layer) in top else None,
+        )
+    else:
+        merged = _copy(model, "merge")
+    for layer in _compat.sub_layers(merged):
+        if isinstance(layer, PartialWeightMixin):
+            layer.fold()
+    unmark_hosts(merged)
+    _uncompile(merged)
+    left = [
+        layer
+        for layer in [merged, *_compat.sub_layers(merged)]
+        if type(layer).__module__.split(".")[0] == "refimpl"
+    ]
+    if left:
+        raise ValueError(
+            "`model` holds refimpl layers that have no plain Keras form: "
+            f"{[f'{_where(layer)} ({type(layer).__name__})' for layer in left]}"
+        )
+    return merged
+
+
+def _copy(model, what: str):
+    """A copy of ``model`` with copies of its weights, rebuilt from its config."""
+    if is_container(model):
+        return _clone(model)
+    try:
+        config = keras.saving.serialize_keras_object(model)
+        config.pop("compile_config", None)
+        copy = keras.saving.deserialize_keras_object(config)
+    except (NotImplementedError, TypeError, ValueError) as err:
+        raise TypeError(
+            f"`model` ({type(model).__name__}) could not be rebuilt from its "
+            f"config, so {what} cannot copy it ({err}). Pass `in_place=True` to "
+            "convert its own layers."
+        ) from None
+    # Copies: JAX's trainer donates a model's buffers to its step.
+    copy.set_weights([np.array(w) for w in model.get_weights()])
+    return copy
 
 
 def _clone(model, replace=lambda layer: None):
-    """A copy of ``model`` with its weights; ``replace(layer)`` may give a
-    function that returns the layer to use instead of a copy."""
+    """A copy of a functional or Sequential ``model`` with its weights;
+    ``replace(layer)`` may give a function that returns the layer to use
+    instead of a copy."""
     originals = {}
 
     def clone(layer):

@@ -28,6 +28,7 @@ __all__ = [
     "PARTIAL_CLASSES",
     "PartialDense",
     "enable_partial",
+    "make_shell",
     "partial_class",
     "supported_classes",
 ]
@@ -159,3 +160,14 @@ def enable_partial(layer, mask, *, mode: str = "delta") -> None:
     layer.__class__ = partial_class(plain)
     positions = np.flatnonzero(bool_mask)
     layer._partial_add_weights(len(positions), positions, mode, False)
+
+
+def make_shell(layer, *, num_free: int, mode: str, auto: bool) -> None:
+    """Turn a built plain ``layer`` into a partial shell, in place.
+
+    Its free values and positions come with the saved weights (the shell
+    protocol of :mod:`refimpl._compat`); what a rebuilt host does to its
+    sub-layers (:mod:`refimpl.layers.hosts`).
+    """
+    layer.__class__ = partial_class(type(layer))
+    layer._partial_add_weights(num_free, None, mode, auto)

@@ -220,6 +220,39 @@ class PartialWeightMixin:
     def _partial_plain_class(cls):
         return next(c for c in cls.__mro__ if c in _PLAIN_TO_PARTIAL)
 
+    def _partial_record(self) -> dict:
+        """What a shell of this layer needs: its free count and its form."""
+        return {
+            "num_free": self._partial_num_free,
+            "mode": self._partial_mode,
+            "auto": self._partial_auto,
+        }
+
+    def fold(self) -> None:
+        """Turn this layer back into its plain class, in place, bit for bit.
+
+        The trained weight is written into the layer's own variable, which
+        trains again; ``partial_free`` and ``partial_positions`` are removed.
+        What :func:`refimpl.merge` does to every partial layer, at any depth.
+        """
+        self._partial_check_loaded()
+        value = keras.ops.convert_to_numpy(getattr(self, self._partial_target))
+        base = self._partial_base()
+        del self.partial_free
+        del self.partial_positions
+        for name in (
+            "_partial_num_free",
+            "_partial_mode",
+            "_partial_auto",
+            "_partial_select",
+            "_partial_loaded",
+            "_partial_shell",
+        ):
+            self.__dict__.pop(name, None)
+        self.__class__ = self._partial_plain_class()
+        base.assign(np.array(value))
+        base.trainable = True
+
     def to_dense(self):
         """Return the plain Keras layer with the trained weight, bit for bit.
 
