@@ -16,7 +16,8 @@ The top level holds what a model needs. The rest lives in submodules:
 :mod:`refimpl.masks` (masks and index lists), :mod:`refimpl.ops` (compose,
 the sparse product, the choice of form), :mod:`refimpl.structured` (diagonal,
 band and block matrices and their products), :mod:`refimpl.selection` (which
-entries to train), :mod:`refimpl.testing` (checks), :mod:`refimpl.plotting`,
+entries to train), :mod:`refimpl.trainability` (what trains in a converted
+model), :mod:`refimpl.testing` (checks), :mod:`refimpl.plotting`,
 :mod:`refimpl.optimizers`, :mod:`refimpl.backend`, and :mod:`refimpl.tf`, the
 TensorFlow-level teaching code. Everything but :mod:`refimpl.tf` runs on every
 Keras backend: TensorFlow, JAX and PyTorch.
@@ -34,6 +35,7 @@ from refimpl import (
     selection,
     structured,
     testing,
+    trainability,
 )
 from refimpl.constraints import FreezeEntries
 from refimpl.convert import merge, partialize
@@ -109,4 +111,5 @@ __all__ = [
     "selection",
     "structured",
     "testing",
+    "trainability",
 ]

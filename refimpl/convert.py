@@ -12,19 +12,30 @@ from refimpl.layers.hosts import is_container, mark_hosts, unmark_hosts
 from refimpl.layers.partial import PartialWeightMixin
 from refimpl.masks import to_mask
 from refimpl.ops import check_mode
+from refimpl.trainability import check_train, freeze_rest, trainable_summary
 
 __all__ = ["merge", "partial_layers", "partialize"]
 
 
-def partialize(model, layer_masks, *, in_place: bool = False, mode: str = "delta"):
+def partialize(
+    model,
+    layer_masks,
+    *,
+    train=None,
+    in_place: bool = False,
+    mode: str = "delta",
+    summary: bool = False,
+):
     """Return a model whose chosen weights are trainable only at some entries.
 
     Every chosen layer (``Dense``, ``EinsumDense``, the convolutions and
     ``Embedding``) gets a partially trainable weight (see
-    :mod:`refimpl.layers.partial`); every other layer is left exactly as it
-    was: its weights, its ``trainable`` status, BatchNorm's inference mode,
-    its regularizers. Before any training the new model's outputs equal the
-    original's bit for bit.
+    :mod:`refimpl.layers.partial`). **Everything else is frozen**, as PEFT
+    and keras-hub's ``enable_lora`` do: every other layer, and the chosen
+    layers' biases (:mod:`refimpl.trainability`); ``train`` keeps named
+    layers trainable. The weights, regularizers and structure are left
+    exactly as they were: before any training the new model's outputs equal
+    the original's bit for bit.
 
     Args:
         model: a built Keras model: ``Sequential`` or functional (copied), or
@@ -41,6 +52,15 @@ def partialize(model, layer_masks, *, in_place: bool = False, mode: str = "delta
             variables, and ``fit`` asks for a new ``compile``.
         mode: the form of every partial weight (see
             :func:`refimpl.enable_partial`).
+        train: layers that stay as they were (trainable, if they were), like
+            PEFT's ``modules_to_save``: a list of keys matched as the keys of
+            ``layer_masks`` are (``["head", "layer_norm"]``; a converted layer
+            named here also trains its bias). ``"all"`` freezes nothing: every
+            weight not made partial keeps its ``trainable`` status. A frozen
+            ``BatchNormalization`` runs in inference mode, as in Keras'
+            fine-tuning guide.
+        summary: print :func:`refimpl.trainability.trainable_summary` of the
+            result: what trains, weight by weight, and the totals.
 
     A key matches a layer by its name or its weight's path, or by the end of
     the path (``"query/kernel"``, ``"query"``), at any depth. A key that
@@ -71,6 +91,10 @@ def partialize(model, layer_masks, *, in_place: bool = False, mode: str = "delta
             f"`in_place` must be True or False. Received: {describe(in_place)}"
         )
     check_mode(mode)
+    train = check_train(train)
+    keep = (
+        [] if train == "all" else [layer for _, layer in _match(model, train, "train")]
+    )
     # Every mask is computed and checked before anything is converted.
     chosen = [
         (layer, _policy(layer, mask, f"layer_masks[{key!r}]"))
@@ -82,9 +106,14 @@ def partialize(model, layer_masks, *, in_place: bool = False, mode: str = "delta
         place = {id(layer): i for i, layer in enumerate(_compat.sub_layers(model))}
         after = _compat.sub_layers(target)
         chosen = [(after[place[id(layer)]], mask) for layer, mask in chosen]
+        keep = [after[place[id(layer)]] for layer in keep]
     for layer, mask in chosen:
         enable_partial(layer, mask, mode=mode)
+    if train != "all":
+        freeze_rest(target, keep)
     mark_hosts(target)
+    if summary:
+        trainable_summary(target, print_fn=print)
     _uncompile(target)
     return target
 
@@ -131,12 +160,7 @@ def _resolve(model, masks):
                 "`layer_masks` keys must be layer names or weight paths. "
                 f"Received: {key!r}"
             )
-        found = [layer for layer in layers if _names(layer, key)]
-        if not found:
-            raise ValueError(
-                f"`layer_masks[{key!r}]` names no layer or weight of the model. Its "
-                f"layers: {[layer.name for layer in layers][:12]}"
-            )
+        found = [layer for _, layer in _match(model, [key], "layer_masks", layers)]
         for layer in found:
             if id(layer) in seen:
                 raise ValueError(
@@ -157,6 +181,19 @@ def _resolve(model, masks):
                     f"converts {[c.__name__ for c in supported_classes()]}"
                 )
             yield key, layer, mask
+
+
+def _match(model, keys, name: str, layers=None):
+    """The (key, layer) pairs that each key names; a key that names none raises."""
+    layers = _compat.sub_layers(model) if layers is None else layers
+    for key in keys:
+        found = [layer for layer in layers if _names(layer, key)]
+        if not found:
+            raise ValueError(
+                f"`{name}[{key!r}]` names no layer or weight of the model. Its "
+                f"layers: {[layer.name for layer in layers][:12]}"
+            )
+        yield from ((key, layer) for layer in found)
 
 
 def _where(layer) -> str:

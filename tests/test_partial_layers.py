@@ -125,7 +125,12 @@ def test_outputs_are_bit_exact_and_only_the_free_values_train(name):
     layer = converted.get_layer("target")
     assert isinstance(layer, partial_class(type(model.get_layer("target"))))
     np.testing.assert_array_equal(layer.trainable_mask, mask)
-    own = [w for w in layer.trainable_weights]
+    # The rest is frozen by default: only the free values train, in the model.
+    assert [w.path for w in converted.trainable_weights] == [layer.partial_free.path]
+    assert layer.partial_free.shape == (mask.sum(),)
+    # Named in `train`, the converted layer trains its bias too.
+    kept = refimpl.partialize(model, {"target": mask}, train=["target"])
+    own = kept.get_layer("target").trainable_weights
     assert sum(int(np.prod(w.shape)) for w in own) == mask.sum() + (
         0 if name == "embedding" else int(np.prod(layer.bias.shape))
     )
@@ -266,7 +271,7 @@ def test_merge_and_to_dense_give_plain_layers_with_the_same_outputs(name):
     )
 
 
-def test_unmapped_layers_keep_trainable_status_batchnorm_and_regularizers():
+def test_train_all_keeps_trainable_status_batchnorm_and_regularizers():
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
         [
@@ -280,7 +285,9 @@ def test_unmapped_layers_keep_trainable_status_batchnorm_and_regularizers():
     x = np.random.default_rng(0).normal(size=(4, 4, 4, 1)).astype("float32")
     model.get_layer("bn").trainable = False
     model.get_layer("conv").trainable = False
-    converted = refimpl.partialize(model, {"head/kernel": [[0, 0], [5, 2]]})
+    converted = refimpl.partialize(
+        model, {"head/kernel": [[0, 0], [5, 2]]}, train="all"
+    )
     assert converted.get_layer("bn").trainable is False
     assert converted.get_layer("conv").trainable is False
     assert converted.get_layer("conv").kernel_regularizer is not None
@@ -291,6 +298,44 @@ def test_unmapped_layers_keep_trainable_status_batchnorm_and_regularizers():
         "bias",
         "partial_free",
     ]
+
+
+def test_the_rest_is_frozen_by_default_and_train_keeps_named_layers():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((4, 4, 1)),
+            keras.layers.Conv2D(2, 3, name="conv"),
+            keras.layers.BatchNormalization(name="bn"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(3, name="head"),
+        ]
+    )
+    x = np.random.default_rng(0).normal(size=(4, 4, 4, 1)).astype("float32")
+    converted = refimpl.partialize(model, {"conv": [[0, 0, 0, 1]]})
+    assert [w.path.split("/")[-1] for w in converted.trainable_weights] == [
+        "partial_free"
+    ]
+    assert not converted.get_layer("bn").trainable  # inference mode, as Keras says
+    np.testing.assert_array_equal(converted(x), model(x))
+    kept = refimpl.partialize(model, {"conv": [[0, 0, 0, 1]]}, train=["bn", "head"])
+    assert [w.path for w in kept.trainable_weights] == [
+        kept.get_layer("conv").partial_free.path,
+        *(w.path for w in kept.get_layer("bn").trainable_weights),
+        *(w.path for w in kept.get_layer("head").trainable_weights),
+    ]
+    rows = refimpl.trainability.trainable_summary(kept)
+    assert [(r["kind"], r["trainable"]) for r in rows] == [
+        ("partial", 1),
+        ("full", 2),
+        ("full", 2),
+        ("full", 8 * 3),
+        ("full", 3),
+    ]
+    with pytest.raises(ValueError, match=r"`train\['nope'\]` names no layer"):
+        refimpl.partialize(model, {"conv": [[0, 0, 0, 1]]}, train=["nope"])
+    with pytest.raises(TypeError, match="`train` must be a list"):
+        refimpl.partialize(model, {"conv": [[0, 0, 0, 1]]}, train=3)
 
 
 @pytest.mark.slow

@@ -45,6 +45,8 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
             (:func:`refimpl.ops.choose_mode`).
         num_free, auto: only without a mask: the shell ``from_config`` builds,
             whose positions and values come with the saved weights.
+        rest_trainable: whether the bias trains (``False`` is what
+            :func:`refimpl.partialize` gives a converted layer).
         **kwargs: every other ``keras.layers.Dense`` argument.
 
     >>> layer = PartialDense(2, [[0, 0], [2, 1]], use_bias=False)
@@ -65,6 +67,7 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
         mode: str = "delta",
         num_free: int | None = None,
         auto: bool = False,
+        rest_trainable: bool = True,
         **kwargs,
     ):
         if isinstance(units, bool) or not isinstance(units, (int, np.integer)):
@@ -92,6 +95,12 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
                 f"Received: num_free={describe(num_free)} with a trainable_mask"
             )
         _check_constraint(self.kernel_constraint, self.name)
+        if not isinstance(rest_trainable, bool):
+            raise TypeError(
+                "`rest_trainable` must be True or False. "
+                f"Received: rest_trainable={describe(rest_trainable)}"
+            )
+        self._partial_rest_frozen = not rest_trainable
         self._partial_given = (trainable_mask, mode)
         self._partial_shell = None
         if trainable_mask is None:
@@ -108,6 +117,8 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
             mask = to_mask(given[0], shape, name="trainable_mask")
             positions = np.flatnonzero(mask)
             self._partial_add_weights(len(positions), positions, given[1], False)
+        if self._partial_rest_frozen:
+            self.freeze_rest()
 
     def call(self, inputs, training=None):
         if (

@@ -162,7 +162,9 @@ def enable_partial(layer, mask, *, mode: str = "delta") -> None:
     layer._partial_add_weights(len(positions), positions, mode, False)
 
 
-def make_shell(layer, *, num_free: int, mode: str, auto: bool) -> None:
+def make_shell(
+    layer, *, num_free: int, mode: str, auto: bool, rest_trainable: bool = True
+) -> None:
     """Turn a built plain ``layer`` into a partial shell, in place.
 
     Its free values and positions come with the saved weights (the shell
@@ -171,3 +173,5 @@ def make_shell(layer, *, num_free: int, mode: str, auto: bool) -> None:
     """
     layer.__class__ = partial_class(type(layer))
     layer._partial_add_weights(num_free, None, mode, auto)
+    if not rest_trainable:
+        layer.freeze_rest()

@@ -128,6 +128,20 @@ class PartialWeightMixin:
         shell = getattr(self, "_partial_shell", None)
         if shell is not None:
             self._partial_add_weights(shell[0], None, shell[1], shell[2])
+            if getattr(self, "_partial_rest_frozen", False):
+                self.freeze_rest()
+
+    def freeze_rest(self) -> None:
+        """Freeze the layer's other weights (its bias): only the free values train.
+
+        What :func:`refimpl.partialize` does by default, as PEFT and
+        keras-hub's ``enable_lora`` freeze every weight they do not adapt.
+        It is kept in the layer's config, so a reloaded layer is frozen alike.
+        """
+        for variable in self.weights:
+            if variable is not getattr(self, "partial_free", None):
+                variable.trainable = False
+        self._partial_rest_frozen = True
 
     def _partial_check_loaded(self):
         if self._partial_loaded:
@@ -205,14 +219,18 @@ class PartialWeightMixin:
             mask, mode = self._partial_given
             shell = (_count(mask), mode, False)
         config["num_free"], config["mode"], config["auto"] = shell
+        if getattr(self, "_partial_rest_frozen", False):
+            config["rest_trainable"] = False
         return config
 
     @classmethod
     def from_config(cls, config):
         config = dict(config)
         shell = (config.pop("num_free"), config.pop("mode"), config.pop("auto"))
+        rest_trainable = config.pop("rest_trainable", True)
         layer = super().from_config(config)
         layer._partial_shell = shell
+        layer._partial_rest_frozen = not rest_trainable
         return layer
 
     # -- the way out ---------------------------------------------------------------
@@ -226,6 +244,7 @@ class PartialWeightMixin:
             "num_free": self._partial_num_free,
             "mode": self._partial_mode,
             "auto": self._partial_auto,
+            "rest_trainable": not getattr(self, "_partial_rest_frozen", False),
         }
 
     def fold(self) -> None:
@@ -247,11 +266,13 @@ class PartialWeightMixin:
             "_partial_select",
             "_partial_loaded",
             "_partial_shell",
+            "_partial_rest_frozen",
         ):
             self.__dict__.pop(name, None)
         self.__class__ = self._partial_plain_class()
         base.assign(np.array(value))
-        base.trainable = True
+        for variable in self.weights:
+            variable.trainable = True  # the plain layer's `trainable` governs
 
     def to_dense(self):
         """Return the plain Keras layer with the trained weight, bit for bit.
