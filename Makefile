@@ -29,7 +29,7 @@ MATHJAX  := _mathjax/_static/mathjax/es5/tex-mml-chtml.js
 CHROMIUM ?= /usr/bin/chromium
 
 $(STAMP): requirements.txt pyproject.toml
-	$(PYTHON) -c 'import sys; assert (3, 10) <= sys.version_info[:2] <= (3, 12), "Python 3.10-3.12 is required, found " + sys.version.split()[0]'
+	$(PYTHON) -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 12), "Python 3.11-3.12 is required, found " + sys.version.split()[0]'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt
