@@ -7,7 +7,8 @@ import numpy as np
 
 from refimpl import _compat
 from refimpl._checks import describe
-from refimpl.layers.enable import enable_partial, supported_classes, target_weight
+from refimpl.layers.classes import is_supported, supported_names, target_weight
+from refimpl.layers.enable import enable_partial
 from refimpl.layers.hosts import is_container, mark_hosts, unmark_hosts
 from refimpl.layers.partial import PartialWeightMixin
 from refimpl.masks import to_mask
@@ -173,12 +174,12 @@ def _resolve(model, masks):
                     f"`layer_masks[{key!r}]` names layer {_where(layer)}, which "
                     "is already partially trainable"
                 )
-            if type(layer) not in supported_classes():
+            if not is_supported(type(layer)):
                 raise TypeError(
                     f"`layer_masks[{key!r}]` names layer {_where(layer)} "
                     "of type "
                     f"{type(layer).__name__}, which partialize cannot convert; it "
-                    f"converts {[c.__name__ for c in supported_classes()]}"
+                    f"converts {supported_names()}"
                 )
             yield key, layer, mask
 
@@ -204,7 +205,7 @@ def _names(layer, key: str) -> bool:
     path = layer.path or layer.name
     if layer.name == key or path == key or path.endswith("/" + key):
         return True
-    if type(layer) not in supported_classes():
+    if not is_supported(type(layer)):
         return False
     path = target_weight(layer).path
     return path == key or path.endswith("/" + key)

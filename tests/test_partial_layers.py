@@ -73,18 +73,66 @@ def _embedding():
     ), RNG.integers(0, 10, size=(8, 5))
 
 
+def _transpose(rank):
+    layer = {
+        1: keras.layers.Conv1DTranspose,
+        2: keras.layers.Conv2DTranspose,
+        3: keras.layers.Conv3DTranspose,
+    }[rank]
+    shape = (4,) * rank + (2,)
+    return keras.Sequential(
+        [
+            keras.Input(shape),
+            layer(3, 3, name="target"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(2),
+        ]
+    ), RNG.normal(size=(8, *shape))
+
+
+def _depthwise(rank):
+    layer = {1: keras.layers.DepthwiseConv1D, 2: keras.layers.DepthwiseConv2D}[rank]
+    shape = (6,) * rank + (3,)
+    return keras.Sequential(
+        [
+            keras.Input(shape),
+            layer(3, depth_multiplier=2, name="target"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(2),
+        ]
+    ), RNG.normal(size=(8, *shape))
+
+
+def _reversible_embedding():
+    # The tied table: the free entries serve the lookup and the output logits.
+    tokens = keras.Input((5,), dtype="int32")
+    table = keras.layers.ReversibleEmbedding(10, 4, name="target")
+    logits = table(table(tokens), reverse=True)  # (batch, 5, 10)
+    pooled = keras.layers.GlobalAveragePooling1D()(logits)
+    return keras.Model(tokens, keras.layers.Dense(2)(pooled)), RNG.integers(
+        0, 10, size=(8, 5)
+    )
+
+
 MODELS = {
     "dense": _dense,
     "einsum_dense": _einsum,
     "conv1d": lambda: _conv(1),
     "conv2d": lambda: _conv(2),
     "conv3d": lambda: _conv(3),
+    "conv1d_transpose": lambda: _transpose(1),
+    "conv2d_transpose": lambda: _transpose(2),
+    "conv3d_transpose": lambda: _transpose(3),
+    "depthwise_conv1d": lambda: _depthwise(1),
+    "depthwise_conv2d": lambda: _depthwise(2),
     "embedding": _embedding,
+    "reversible_embedding": _reversible_embedding,
 }
+EMBEDDINGS = ("embedding", "reversible_embedding")
 
 
 # Every type runs in `make test`; `make check` keeps one of each family.
-FAST = ("dense", "conv2d", "embedding")
+FAST = ("dense", "conv2d", "embedding", "conv2d_transpose", "reversible_embedding")
 SOME_SLOW = [
     name if name in FAST else pytest.param(name, marks=pytest.mark.slow)
     for name in MODELS
@@ -94,7 +142,7 @@ SOME_SLOW = [
 def _setup(name, seed=0):
     keras.utils.set_random_seed(seed)
     model, x = MODELS[name]()
-    x = x.astype("int32" if name == "embedding" else "float32")
+    x = x.astype("int32" if name in EMBEDDINGS else "float32")
     y = np.random.default_rng(1).normal(size=(len(x), 2)).astype("float32")
     return model, x, y
 
@@ -132,7 +180,7 @@ def test_outputs_are_bit_exact_and_only_the_free_values_train(name):
     kept = refimpl.partialize(model, {"target": mask}, train=["target"])
     own = kept.get_layer("target").trainable_weights
     assert sum(int(np.prod(w.shape)) for w in own) == mask.sum() + (
-        0 if name == "embedding" else int(np.prod(layer.bias.shape))
+        0 if name in EMBEDDINGS else int(np.prod(layer.bias.shape))
     )
     # The original model is untouched.
     assert not isinstance(model.get_layer("target"), tuple(PARTIAL_CLASSES.values()))

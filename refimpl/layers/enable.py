@@ -1,25 +1,28 @@
 """Make a built Keras layer partially trainable: :func:`enable_partial`.
 
-The partial classes of ``EinsumDense``, the convolutions and ``Embedding``
-are made here, one per plain class (``PartialDense`` is written out in
-:mod:`refimpl.layers.dense`); :func:`partial_class` finds the one of a class.
+The partial classes are made in :mod:`refimpl.layers.classes`;
+:func:`partial_class` finds the one of a class.
 """
 
 from __future__ import annotations
-
-import types
 
 import keras
 import numpy as np
 
 from refimpl._checks import describe
+from refimpl.layers.classes import (
+    PARTIAL_CLASSES,
+    is_supported,
+    partial_class,
+    supported_classes,
+    supported_names,
+    target_weight,
+)
 from refimpl.layers.dense import PartialDense
 from refimpl.layers.partial import (
     _ELEMENTWISE_REGULARIZERS,
-    _PLAIN_TO_PARTIAL,
     PartialWeightMixin,
     _check_constraint,
-    _composing,
 )
 from refimpl.masks import to_mask
 from refimpl.ops import check_mode
@@ -31,70 +34,8 @@ __all__ = [
     "make_shell",
     "partial_class",
     "supported_classes",
+    "target_weight",
 ]
-
-
-def _make(plain_class, target="kernel"):
-    name = f"Partial{plain_class.__name__}"
-    cls = type(
-        name,
-        (PartialWeightMixin, plain_class),
-        {
-            "_partial_target": target,
-            target: _composing(plain_class, target),
-            "__module__": __name__,
-            "__qualname__": name,
-            "__doc__": (
-                f"A ``keras.layers.{plain_class.__name__}`` whose ``{target}`` is "
-                "trainable only at some entries: made by :func:`refimpl.partialize` "
-                "or :func:`refimpl.enable_partial`."
-            ),
-        },
-    )
-    _PLAIN_TO_PARTIAL[plain_class] = keras.saving.register_keras_serializable(
-        package="refimpl", name=name
-    )(cls)
-
-
-for _plain in (
-    keras.layers.EinsumDense,
-    keras.layers.Conv1D,
-    keras.layers.Conv2D,
-    keras.layers.Conv3D,
-):
-    _make(_plain)
-_make(keras.layers.Embedding, "embeddings")
-
-#: The partial class of every supported Keras layer class (read-only).
-PARTIAL_CLASSES = types.MappingProxyType(_PLAIN_TO_PARTIAL)
-
-
-def supported_classes() -> tuple[type, ...]:
-    """The Keras layer classes that have a partial class."""
-    return tuple(_PLAIN_TO_PARTIAL)
-
-
-def partial_class(layer_class: type) -> type:
-    """The partial class of a Keras layer class (``PartialDense`` for ``Dense``).
-
-    Raises:
-        TypeError: for a class this mechanism does not support.
-    """
-    if layer_class in _PLAIN_TO_PARTIAL.values():
-        return layer_class
-    if layer_class not in _PLAIN_TO_PARTIAL:
-        raise TypeError(
-            "`layer_class` must be one of the Keras layers with a kernel or an "
-            f"embedding table: {[c.__name__ for c in _PLAIN_TO_PARTIAL]}. "
-            f"Received: {getattr(layer_class, '__name__', describe(layer_class))}"
-        )
-    return _PLAIN_TO_PARTIAL[layer_class]
-
-
-def target_weight(layer):
-    """The variable a partial form of ``layer`` freezes (its kernel, embeddings)."""
-    target = "embeddings" if isinstance(layer, keras.layers.Embedding) else "kernel"
-    return getattr(layer, "_" + target)
 
 
 def enable_partial(layer, mask, *, mode: str = "delta") -> None:
@@ -126,9 +67,9 @@ def enable_partial(layer, mask, *, mode: str = "delta") -> None:
             f"`layer` is already partially trainable. Received: layer={layer.name!r}"
         )
     plain = type(layer)
-    if plain not in _PLAIN_TO_PARTIAL:
+    if not is_supported(plain):
         raise TypeError(
-            f"`layer` must be one of {[c.__name__ for c in _PLAIN_TO_PARTIAL]}, "
+            f"`layer` must be one of {supported_names()}, "
             f"whose weight this mechanism knows. Received: layer {layer.name!r} "
             f"of type {plain.__name__}"
         )

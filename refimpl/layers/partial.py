@@ -57,6 +57,11 @@ class PartialWeightMixin:
     """What a partial class adds to its Keras class (see the module docstring)."""
 
     _partial_target = "kernel"
+    # Whether the plain class keeps the weight as a plain attribute
+    # (``self.kernel = add_weight(...)``) rather than behind a property.
+    _partial_attribute = False
+    # Made on first use (a keras-hub class): its config names its plain class.
+    _partial_on_demand = False
     # Whether `call` has a sparse product (only a Dense's does).
     _partial_sparse_product = False
 
@@ -73,6 +78,8 @@ class PartialWeightMixin:
         return compose(value, positions.value, free.value)
 
     def _partial_base(self):
+        if self._partial_attribute:
+            return self.__dict__[self._partial_target]
         return getattr(self, "_" + self._partial_target)
 
     # -- creation --------------------------------------------------------------
@@ -221,6 +228,10 @@ class PartialWeightMixin:
         config["num_free"], config["mode"], config["auto"] = shell
         if getattr(self, "_partial_rest_frozen", False):
             config["rest_trainable"] = False
+        if self._partial_on_demand:
+            from refimpl.layers.classes import plain_class_config
+
+            config["plain_class"] = plain_class_config(self._partial_plain_class())
         return config
 
     @classmethod
@@ -309,13 +320,29 @@ def _is_partial_weight(variable) -> bool:
     return variable.path.split("/")[-1] in ("partial_free", "partial_positions")
 
 
-def _composing(plain_class, target):
+def _composing(plain_class, target, attribute: bool = False):
+    """The property that returns the composed weight, where the layer reads it."""
+    doc = f"The {target}: the frozen base with the free values."
+    if attribute:
+        # The plain class sets the variable as an attribute; it is kept in the
+        # instance's dict, which this property (a data descriptor) shadows.
+        def fget_attribute(self):
+            try:
+                value = self.__dict__[target]
+            except KeyError:
+                raise AttributeError(target) from None
+            return self._partial_value(value)
+
+        def fset(self, value):
+            self.__dict__[target] = value
+
+        return property(fget_attribute, fset, doc=doc)
     inherited = getattr(plain_class, target)
 
     def fget(self):
         return self._partial_value(inherited.fget(self))
 
-    return property(fget, doc=f"The {target}: the frozen base with the free values.")
+    return property(fget, doc=doc)
 
 
 # The partial class of each plain class (`PartialDense` adds itself).

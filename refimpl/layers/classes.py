@@ -1,0 +1,183 @@
+"""The partial class of each weight layer: which weight, and how it is read.
+
+Each supported Keras class gets its partial class here when refimpl is
+imported (``PartialDense`` is written out in :mod:`refimpl.layers.dense`):
+
+* a weight behind a property (``Dense``, ``EinsumDense``, ``Conv1D``-``3D``,
+  ``Embedding``, ``ReversibleEmbedding``): the partial class overrides the
+  property;
+* a weight kept as a plain attribute (``Conv1DTranspose``-``3DTranspose``,
+  ``DepthwiseConv1D``/``2D``): the partial class adds a property of that name,
+  which shadows the attribute and composes it.
+
+A subclass of one of them from Keras or keras-hub (keras-hub's
+``ReversibleEmbedding``), and keras-hub's ``PositionEmbedding``, get theirs on
+first use, without refimpl importing keras-hub. Those share one registered
+name, ``refimpl>PartialLayer``, whose loader rebuilds them from the plain class
+their config names, so a fresh process loads them too.
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+
+import keras
+
+from refimpl import _compat
+from refimpl._checks import describe
+from refimpl.layers.dense import PartialDense
+from refimpl.layers.partial import _PLAIN_TO_PARTIAL, PartialWeightMixin, _composing
+
+__all__ = [
+    "PARTIAL_CLASSES",
+    "is_supported",
+    "partial_class",
+    "supported_classes",
+    "target_weight",
+]
+
+# plain class: (the weight's name, whether it is a plain attribute)
+_SPECS: dict[type, tuple[str, bool]] = {keras.layers.Dense: ("kernel", False)}
+# Classes of other packages, known by module and name (never imported here).
+_BY_NAME = {
+    ("keras_hub.src.layers.modeling.position_embedding", "PositionEmbedding"): (
+        "position_embeddings",
+        True,
+    ),
+}
+_ON_DEMAND_NAME = "refimpl>PartialLayer"
+
+
+def _make(plain_class, target="kernel", attribute=False, on_demand=False):
+    name = f"Partial{plain_class.__name__}"
+    cls = type(
+        name,
+        (PartialWeightMixin, plain_class),
+        {
+            "_partial_target": target,
+            "_partial_attribute": attribute,
+            "_partial_on_demand": on_demand,
+            target: _composing(plain_class, target, attribute),
+            "__module__": __name__,
+            "__qualname__": name,
+            "__doc__": (
+                f"A ``{plain_class.__module__.split('.')[0]}`` "
+                f"``{plain_class.__name__}`` whose ``{target}`` is trainable only "
+                "at some entries: made by :func:`refimpl.partialize` or "
+                ":func:`refimpl.enable_partial`."
+            ),
+        },
+    )
+    _SPECS[plain_class] = (target, attribute)
+    if on_demand:
+        _compat.register_under(cls, _ON_DEMAND_NAME, _Loader)
+    else:
+        keras.saving.register_keras_serializable(package="refimpl", name=name)(cls)
+    _PLAIN_TO_PARTIAL[plain_class] = cls
+    return cls
+
+
+class _Loader:
+    """Rebuilds an on-demand partial class from the plain class its config names."""
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        ref = config.pop("plain_class")
+        plain = keras.saving.get_registered_object(ref["registered_name"])
+        if plain is None:
+            plain = vars(importlib.import_module(ref["module"]))[ref["class_name"]]
+        return partial_class(plain).from_config(config)
+
+
+def plain_class_config(plain) -> dict:
+    """What :class:`_Loader` needs to find ``plain`` again."""
+    return {
+        "module": plain.__module__,
+        "class_name": plain.__name__,
+        "registered_name": keras.saving.get_registered_name(plain),
+    }
+
+
+for _plain in (
+    keras.layers.EinsumDense,
+    keras.layers.Conv1D,
+    keras.layers.Conv2D,
+    keras.layers.Conv3D,
+):
+    _make(_plain)
+_make(keras.layers.Embedding, "embeddings")
+_make(keras.layers.ReversibleEmbedding, "embeddings")
+for _plain in (
+    keras.layers.Conv1DTranspose,
+    keras.layers.Conv2DTranspose,
+    keras.layers.Conv3DTranspose,
+    keras.layers.DepthwiseConv1D,
+    keras.layers.DepthwiseConv2D,
+):
+    _make(_plain, "kernel", attribute=True)
+assert _PLAIN_TO_PARTIAL[keras.layers.Dense] is PartialDense
+
+#: The partial class of every Keras layer class supported from the start.
+PARTIAL_CLASSES = types.MappingProxyType(_PLAIN_TO_PARTIAL)
+
+
+def supported_classes() -> tuple[type, ...]:
+    """The Keras layer classes that have a partial class (and keras-hub's, once
+    made: its ``ReversibleEmbedding`` and ``PositionEmbedding``)."""
+    return tuple(_PLAIN_TO_PARTIAL)
+
+
+def _spec(layer_class):
+    if layer_class in _SPECS:
+        return _SPECS[layer_class]
+    key = (layer_class.__module__, layer_class.__name__)
+    if key in _BY_NAME:
+        return _BY_NAME[key]
+    if layer_class.__module__.split(".")[0] in ("keras", "keras_hub"):
+        for base in layer_class.__mro__[1:]:
+            if base in _SPECS:
+                return _SPECS[base]
+    return None
+
+
+def is_supported(layer_class) -> bool:
+    """Whether a layer class has (or can be given) a partial class."""
+    return isinstance(layer_class, type) and (
+        layer_class in _PLAIN_TO_PARTIAL.values() or _spec(layer_class) is not None
+    )
+
+
+def supported_names() -> list[str]:
+    """The names an error message lists."""
+    names = [c.__name__ for c in _PLAIN_TO_PARTIAL]
+    return sorted(set(names) | {"PositionEmbedding"}, key=names.__contains__)
+
+
+def partial_class(layer_class: type) -> type:
+    """The partial class of a Keras layer class (``PartialDense`` for ``Dense``).
+
+    Raises:
+        TypeError: for a class this mechanism does not support.
+    """
+    if layer_class in _PLAIN_TO_PARTIAL.values():
+        return layer_class
+    if layer_class in _PLAIN_TO_PARTIAL:
+        return _PLAIN_TO_PARTIAL[layer_class]
+    spec = _spec(layer_class) if isinstance(layer_class, type) else None
+    if spec is None:
+        raise TypeError(
+            "`layer_class` must be one of the layers with a kernel or an "
+            f"embedding table: {supported_names()}. Received: "
+            f"{getattr(layer_class, '__name__', describe(layer_class))}"
+        )
+    return _make(layer_class, *spec, on_demand=True)
+
+
+def target_weight(layer):
+    """The variable a partial form of ``layer`` freezes (its kernel, embeddings)."""
+    if isinstance(layer, PartialWeightMixin):
+        return layer._partial_base()
+    target, attribute = _spec(type(layer))
+    return layer.__dict__[target] if attribute else getattr(layer, "_" + target)
