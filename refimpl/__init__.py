@@ -39,6 +39,7 @@ from refimpl import (
 )
 from refimpl.constraints import FreezeEntries
 from refimpl.convert import merge, partialize
+from refimpl.files import load_partial_weights, save_partial_weights
 from refimpl.layers import (
     BandedDense,
     BlockDense,
@@ -100,8 +101,10 @@ __all__ = [
     "PartialVariable",
     "__version__",
     "enable_partial",
+    "load_partial_weights",
     "merge",
     "partialize",
+    "save_partial_weights",
     # submodules
     "backend",
     "masks",

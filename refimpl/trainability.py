@@ -111,7 +111,14 @@ def trainable_summary(model, *, print_fn=None) -> list[dict]:
                 f"{row['path']:<{width}}  {row['kind']:<7}  "
                 f"{row['trainable']:>10,}  {row['size']:>10,}"
             )
-        total = sum(int(np.prod(v.shape)) for v in model.weights)
+        extra = {
+            id(v)
+            for layer in _compat.sub_layers(model)
+            if isinstance(layer, PartialWeightMixin)
+            for v in (layer.partial_free, layer.partial_positions)
+        }
+        # The model's own values: a partial weight counts once, as its base.
+        total = sum(int(np.prod(v.shape)) for v in model.weights if id(v) not in extra)
         trained = sum(row["trainable"] for row in rows)
         print_fn(f"trainable values: {trained:,} of {total:,} ({trained / total:.4%})")
     return rows

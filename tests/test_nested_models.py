@@ -265,3 +265,58 @@ def test_merged_files_load_where_refimpl_cannot_be_imported(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("loaded") == len(MODELS)
+
+
+def test_new_token_rows_of_the_tied_embedding_train_and_only_they(tmp_path):
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=53, num_layers=1, num_heads=2, hidden_dim=16,
+        intermediate_dim=32, max_sequence_length=16, dropout=0.0,
+    )  # fmt: skip
+    rows = np.zeros((53, 16), bool)
+    rows[50:] = True  # three new tokens
+    converted = refimpl.partialize(backbone, {"token_embedding": rows})
+    model = keras_hub.models.GPT2CausalLM(backbone=converted, preprocessor=None)
+    ids = RNG.integers(0, 53, (4, 8))
+    inputs = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
+    table = converted.token_embedding
+    before = _numpy(table.embeddings)
+    model.compile(keras.optimizers.AdamW(0.05, weight_decay=0.1), metrics=[])
+    model.fit(inputs, ids, epochs=2, batch_size=4, verbose=0)
+    after = _numpy(table.embeddings)
+    refimpl.testing.assert_frozen(before, after, rows)
+    assert refimpl.testing.moved(before, after)[rows].all()
+    assert refimpl.testing.count_free_parameters(model) == rows.sum()
+    # The free rows serve the output projection too (the tied logits).
+    path = tmp_path / "tokens.npz"
+    refimpl.save_partial_weights(converted, path)
+    keras.utils.set_random_seed(0)
+    plain = keras_hub.models.GPT2Backbone(**backbone.get_config())
+    refimpl.load_partial_weights(plain, path)
+    again = keras_hub.models.GPT2CausalLM(backbone=plain, preprocessor=None)
+    _equal(_predict(again, inputs), _predict(model, inputs))
+
+
+def test_the_trained_entries_file_is_no_larger_than_lora_at_equal_count(tmp_path):
+    model, _, _ = _gpt2()
+    model.enable_lora(rank=2)
+    lora_count = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+    model.save_lora_weights(str(tmp_path / "adapters.lora.h5"))
+    lora_bytes = (tmp_path / "adapters.lora.h5").stat().st_size
+    # The same number of trained values, spread over the same kernels.
+    model, _, _ = _gpt2()
+    kernels = [
+        layer.name
+        for layer in refimpl._compat.sub_layers(model)
+        if layer.name in ("query", "value")
+    ]
+    assert kernels
+    sizes = [16 * 16] * len(kernels)
+    fraction = lora_count / sum(sizes)
+    converted = refimpl.partialize(model, {"query": _random(fraction, 0),
+                                           "value": _random(fraction, 1)})  # fmt: skip
+    path = tmp_path / "entries.npz"
+    refimpl.save_partial_weights(converted, path)
+    k = refimpl.testing.count_free_parameters(converted)
+    assert abs(k - lora_count) <= len(kernels) * 2  # rounding per kernel
+    assert path.stat().st_size <= lora_bytes
