@@ -7,7 +7,12 @@ import numpy as np
 
 from refimpl import _compat
 from refimpl._checks import describe
-from refimpl.layers.classes import is_supported, supported_names, target_weight
+from refimpl.layers.classes import (
+    is_supported,
+    supported_names,
+    target_weight,
+    weight_names,
+)
 from refimpl.layers.enable import enable_partial
 from refimpl.layers.hosts import is_container, mark_hosts, unmark_hosts
 from refimpl.layers.partial import PartialWeightMixin
@@ -98,18 +103,18 @@ def partialize(
     )
     # Every mask is computed and checked before anything is converted.
     chosen = [
-        (layer, _policy(layer, mask, f"layer_masks[{key!r}]"))
-        for key, layer, mask in _resolve(model, layer_masks)
+        (layer, weight, _policy(layer, mask, f"layer_masks[{key!r}]", weight))
+        for key, layer, weight, mask in _resolve(model, layer_masks)
     ]
     target = model if in_place else _copy(model, "partialize")
     if target is not model:
         # The copy has the same layers in the same order, at every depth.
         place = {id(layer): i for i, layer in enumerate(_compat.sub_layers(model))}
         after = _compat.sub_layers(target)
-        chosen = [(after[place[id(layer)]], mask) for layer, mask in chosen]
+        chosen = [(after[place[id(layer)]], w, mask) for layer, w, mask in chosen]
         keep = [after[place[id(layer)]] for layer in keep]
-    for layer, mask in chosen:
-        enable_partial(layer, mask, mode=mode)
+    for layer, weight, mask in chosen:
+        enable_partial(layer, mask, mode=mode, weight=weight)
     if train != "all":
         freeze_rest(target, keep)
     mark_hosts(target)
@@ -136,13 +141,15 @@ def _uncompile(model) -> None:
 def partial_layers(model) -> list[dict]:
     """What is partially trainable in ``model``: one record per partial layer.
 
-    Each record has the layer's ``path``, its ``class``, ``num_free`` and
+    Each record has the layer's ``path``, its ``class``, the ``weight`` that
+    is partial (``"kernel"``, ``"recurrent_kernel"``), ``num_free`` and
     ``size`` (entries of its partial weight).
     """
     return [
         {
             "path": layer.path or layer.name,
             "class": type(layer).__name__,
+            "weight": layer._partial_target,
             "num_free": layer.num_free,
             "size": int(np.prod(layer.base_weight.shape)),
         }
@@ -162,6 +169,9 @@ def _resolve(model, masks):
                 f"Received: {key!r}"
             )
         found = [layer for _, layer in _match(model, [key], "layer_masks", layers)]
+        found = list(
+            {id(x): x for layer in found for x in _weight_layers(layer)}.values()
+        )
         for layer in found:
             if id(layer) in seen:
                 raise ValueError(
@@ -181,7 +191,7 @@ def _resolve(model, masks):
                     f"{type(layer).__name__}, which partialize cannot convert; it "
                     f"converts {supported_names()}"
                 )
-            yield key, layer, mask
+            yield key, layer, _weight_of(layer, key), mask
 
 
 def _match(model, keys, name: str, layers=None):
@@ -205,14 +215,44 @@ def _names(layer, key: str) -> bool:
     path = layer.path or layer.name
     if layer.name == key or path == key or path.endswith("/" + key):
         return True
+    return _weight_of(layer, key) is not None
+
+
+def _weight_layers(layer) -> list:
+    """The layers that hold the weights a key naming ``layer`` means: an RNN's
+    cell, both directions of a ``Bidirectional``; else ``layer`` itself."""
+    if isinstance(layer, keras.layers.Bidirectional):
+        return [
+            *_weight_layers(layer.forward_layer),
+            *_weight_layers(layer.backward_layer),
+        ]
+    if isinstance(layer, keras.layers.RNN) and is_supported(type(layer.cell)):
+        return [layer.cell]
+    return [layer]
+
+
+def _weight_of(layer, key: str) -> str | None:
+    """The weight of ``layer`` that ``key`` names by its path, if any.
+
+    An RNN cell's weights are also named through the RNN layer
+    (``"lstm/recurrent_kernel"`` for ``"lstm/lstm_cell/recurrent_kernel"``).
+    """
     if not is_supported(type(layer)):
-        return False
-    path = target_weight(layer).path
-    return path == key or path.endswith("/" + key)
+        return None
+    for weight in weight_names(layer):
+        path = target_weight(layer, weight).path
+        short = None
+        if hasattr(layer, "state_size") and "/" in (layer.path or ""):  # a cell
+            parent = (layer.path or "").rsplit("/", 1)[0]
+            short = f"{parent}/{weight}"
+        for candidate in (path, short):
+            if candidate and (candidate == key or candidate.endswith("/" + key)):
+                return weight
+    return None
 
 
-def _policy(layer, mask, name: str) -> np.ndarray:
-    weight = target_weight(layer)
+def _policy(layer, mask, name: str, weight: str | None = None) -> np.ndarray:
+    weight = target_weight(layer, weight)
     if callable(mask):
         mask = mask(np.array(keras.ops.convert_to_numpy(weight)))
     return to_mask(mask, tuple(weight.shape), name=name)

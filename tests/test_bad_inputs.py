@@ -294,6 +294,15 @@ CASES = [
     ("partialize_mask_shape", "partialize", lambda: refimpl.partialize(_small_model(), {"d": [True]}), ValueError, "layer_masks['d']", "(1,)"),
     ("partialize_policy_shape", "partialize", lambda: refimpl.partialize(_small_model(), {"d": lambda w: w[:1] > 0}), ValueError, "layer_masks['d']", "(1, 3)"),
     ("partialize_in_place_flag", "partialize", lambda: refimpl.partialize(_small_model(), {}, in_place=1), TypeError, "in_place", "1"),
+    ("partialize_train_type", "partialize", lambda: refimpl.partialize(_small_model(), {}, train=3), TypeError, "train", "3"),
+    ("partialize_train_unknown", "partialize", lambda: refimpl.partialize(_small_model(), {}, train=["nope"]), ValueError, "train['nope']", "'d'"),
+    ("merge_in_place_flag", "merge", lambda: refimpl.merge(_small_model(), in_place=1), TypeError, "in_place", "1"),
+    ("enable_partial_weight", "enable_partial", lambda: refimpl.enable_partial(_dense(), EYE, weight="bias"), ValueError, "weight", "'bias'"),
+    ("save_partial_weights_suffix", "save_partial_weights", lambda: refimpl.save_partial_weights(_small_model(), "x.h5"), ValueError, "path", "x.h5"),
+    ("save_partial_weights_path_type", "save_partial_weights", lambda: refimpl.save_partial_weights(_small_model(), 3), TypeError, "path", "3"),
+    ("save_partial_weights_nothing_partial", "save_partial_weights", lambda: refimpl.save_partial_weights(_small_model(), "x.npz"), ValueError, "model", "sequential"),
+    ("load_partial_weights_not_model", "load_partial_weights", lambda: refimpl.load_partial_weights("m", "x.npz"), TypeError, "model", "'m'"),
+    ("trainable_summary_print_fn", "trainable_summary", lambda: refimpl.trainability.trainable_summary(_small_model(), print_fn=3), TypeError, "print_fn", "3"),
     ("enable_partial_not_layer", "enable_partial", lambda: refimpl.enable_partial("d", EYE), TypeError, "layer", "'d'"),
     ("enable_partial_unsupported", "enable_partial", lambda: refimpl.enable_partial(keras.layers.Dropout(0.1), EYE), TypeError, "layer", "Dropout"),
     ("enable_partial_not_built", "enable_partial", lambda: refimpl.enable_partial(keras.layers.Dense(3), EYE), ValueError, "layer", "dense"),
@@ -345,6 +354,7 @@ _SUBMODULES = (
     "selection",
     "structured",
     "testing",
+    "trainability",
 )
 
 

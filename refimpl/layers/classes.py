@@ -35,41 +35,43 @@ __all__ = [
     "partial_class",
     "supported_classes",
     "target_weight",
+    "weight_names",
 ]
 
-# plain class: (the weight's name, whether it is a plain attribute)
-_SPECS: dict[type, tuple[str, bool]] = {keras.layers.Dense: ("kernel", False)}
+# plain class: its weights that can be partial, the default first, each with
+# whether it is a plain attribute
+_SPECS: dict[type, tuple[tuple[str, bool], ...]] = {
+    keras.layers.Dense: (("kernel", False),)
+}
 # Classes of other packages, known by module and name (never imported here).
 _BY_NAME = {
     ("keras_hub.src.layers.modeling.position_embedding", "PositionEmbedding"): (
-        "position_embeddings",
-        True,
+        ("position_embeddings", True),
     ),
 }
 _ON_DEMAND_NAME = "refimpl>PartialLayer"
 
 
-def _make(plain_class, target="kernel", attribute=False, on_demand=False):
+def _make(plain_class, targets=(("kernel", False),), on_demand=False):
     name = f"Partial{plain_class.__name__}"
-    cls = type(
-        name,
-        (PartialWeightMixin, plain_class),
-        {
-            "_partial_target": target,
-            "_partial_attribute": attribute,
-            "_partial_on_demand": on_demand,
-            target: _composing(plain_class, target, attribute),
-            "__module__": __name__,
-            "__qualname__": name,
-            "__doc__": (
-                f"A ``{plain_class.__module__.split('.')[0]}`` "
-                f"``{plain_class.__name__}`` whose ``{target}`` is trainable only "
-                "at some entries: made by :func:`refimpl.partialize` or "
-                ":func:`refimpl.enable_partial`."
-            ),
-        },
-    )
-    _SPECS[plain_class] = (target, attribute)
+    names = " or ".join(f"``{target}``" for target, _ in targets)
+    namespace = {
+        "_partial_target": targets[0][0],
+        "_partial_attributes": dict(targets),
+        "_partial_on_demand": on_demand,
+        "__module__": __name__,
+        "__qualname__": name,
+        "__doc__": (
+            f"A ``{plain_class.__module__.split('.')[0]}`` "
+            f"``{plain_class.__name__}`` whose {names} is trainable only "
+            "at some entries: made by :func:`refimpl.partialize` or "
+            ":func:`refimpl.enable_partial`."
+        ),
+    }
+    for target, attribute in targets:
+        namespace[target] = _composing(plain_class, target, attribute)
+    cls = type(name, (PartialWeightMixin, plain_class), namespace)
+    _SPECS[plain_class] = tuple(targets)
     if on_demand:
         _compat.register_under(cls, _ON_DEMAND_NAME, _Loader)
     else:
@@ -100,23 +102,34 @@ def plain_class_config(plain) -> dict:
     }
 
 
-for _plain in (
-    keras.layers.EinsumDense,
-    keras.layers.Conv1D,
-    keras.layers.Conv2D,
-    keras.layers.Conv3D,
+_KERNEL = (("kernel", False),)
+_EMBEDDINGS = (("embeddings", False),)
+_ATTRIBUTE = (("kernel", True),)
+for _plain, _targets in (
+    (keras.layers.EinsumDense, _KERNEL),
+    (keras.layers.Conv1D, _KERNEL),
+    (keras.layers.Conv2D, _KERNEL),
+    (keras.layers.Conv3D, _KERNEL),
+    (keras.layers.Embedding, _EMBEDDINGS),
+    (keras.layers.ReversibleEmbedding, _EMBEDDINGS),
+    (keras.layers.Conv1DTranspose, _ATTRIBUTE),
+    (keras.layers.Conv2DTranspose, _ATTRIBUTE),
+    (keras.layers.Conv3DTranspose, _ATTRIBUTE),
+    (keras.layers.DepthwiseConv1D, _ATTRIBUTE),
+    (keras.layers.DepthwiseConv2D, _ATTRIBUTE),
+    (
+        keras.layers.SeparableConv1D,
+        (("depthwise_kernel", True), ("pointwise_kernel", True)),
+    ),
+    (
+        keras.layers.SeparableConv2D,
+        (("depthwise_kernel", True), ("pointwise_kernel", True)),
+    ),
+    (keras.layers.SimpleRNNCell, (("kernel", True), ("recurrent_kernel", True))),
+    (keras.layers.LSTMCell, (("kernel", True), ("recurrent_kernel", True))),
+    (keras.layers.GRUCell, (("kernel", True), ("recurrent_kernel", True))),
 ):
-    _make(_plain)
-_make(keras.layers.Embedding, "embeddings")
-_make(keras.layers.ReversibleEmbedding, "embeddings")
-for _plain in (
-    keras.layers.Conv1DTranspose,
-    keras.layers.Conv2DTranspose,
-    keras.layers.Conv3DTranspose,
-    keras.layers.DepthwiseConv1D,
-    keras.layers.DepthwiseConv2D,
-):
-    _make(_plain, "kernel", attribute=True)
+    _make(_plain, _targets)
 assert _PLAIN_TO_PARTIAL[keras.layers.Dense] is PartialDense
 
 #: The partial class of every Keras layer class supported from the start.
@@ -172,12 +185,30 @@ def partial_class(layer_class: type) -> type:
             f"embedding table: {supported_names()}. Received: "
             f"{getattr(layer_class, '__name__', describe(layer_class))}"
         )
-    return _make(layer_class, *spec, on_demand=True)
+    return _make(layer_class, spec, on_demand=True)
 
 
-def target_weight(layer):
-    """The variable a partial form of ``layer`` freezes (its kernel, embeddings)."""
+def weight_names(layer) -> tuple[str, ...]:
+    """The weights of ``layer`` that can be partial, the default first."""
     if isinstance(layer, PartialWeightMixin):
+        return tuple(layer._partial_attributes)
+    return tuple(name for name, _ in _spec(type(layer)))
+
+
+def target_weight(layer, weight: str | None = None):
+    """The variable a partial form of ``layer`` freezes: its kernel (or
+    embeddings), or the weight named ``weight`` (``"recurrent_kernel"``)."""
+    if isinstance(layer, PartialWeightMixin) and weight in (
+        None,
+        layer._partial_target,
+    ):
         return layer._partial_base()
-    target, attribute = _spec(type(layer))
-    return layer.__dict__[target] if attribute else getattr(layer, "_" + target)
+    specs = dict(
+        layer._partial_attributes
+        if isinstance(layer, PartialWeightMixin)
+        else _spec(type(layer))
+    )
+    weight = weight or next(iter(specs))
+    if specs[weight]:
+        return layer.__dict__[weight]
+    return getattr(layer, "_" + weight)

@@ -17,6 +17,7 @@ from refimpl.layers.classes import (
     supported_classes,
     supported_names,
     target_weight,
+    weight_names,
 )
 from refimpl.layers.dense import PartialDense
 from refimpl.layers.partial import (
@@ -38,7 +39,9 @@ __all__ = [
 ]
 
 
-def enable_partial(layer, mask, *, mode: str = "delta") -> None:
+def enable_partial(
+    layer, mask, *, mode: str = "delta", weight: str | None = None
+) -> None:
     """Make a built layer's kernel (or embeddings) trainable only in ``mask``.
 
     In place, like Keras' ``enable_lora``: the layer becomes an instance of
@@ -51,6 +54,10 @@ def enable_partial(layer, mask, *, mode: str = "delta") -> None:
             ``Embedding``): a boolean mask of the weight's shape or an index
             list (see :func:`refimpl.masks.to_mask`).
         mode: ``"delta"``, ``"select"``, ``"auto"``; ``"sparse"`` for ``Dense``.
+        weight: which weight, for a layer with two that can be partial: a
+            ``SeparableConv``'s ``"depthwise_kernel"`` (the default) or
+            ``"pointwise_kernel"``, an RNN cell's ``"kernel"`` (the default)
+            or ``"recurrent_kernel"``. One weight per layer is partial.
 
     Raises:
         TypeError: for a layer of another class.
@@ -85,7 +92,14 @@ def enable_partial(layer, mask, *, mode: str = "delta") -> None:
             f"`layer` uses LoRA or quantization, which a partial weight does "
             f"not combine with. Received: {layer.name!r}"
         )
-    base = target_weight(layer)
+    names = weight_names(layer)
+    if weight is not None and weight not in names:
+        raise ValueError(
+            f"`weight` must be one of {list(names)} for layer {layer.name!r} of "
+            f"type {plain.__name__}. Received: weight={describe(weight)}"
+        )
+    weight = weight or names[0]
+    base = target_weight(layer, weight)
     target = base.path.split("/")[-1]
     if base.regularizer is not None and not isinstance(
         base.regularizer, _ELEMENTWISE_REGULARIZERS
@@ -99,12 +113,19 @@ def enable_partial(layer, mask, *, mode: str = "delta") -> None:
     _check_constraint(base.constraint, layer.name)
     bool_mask = to_mask(mask, tuple(base.shape), name="mask")
     layer.__class__ = partial_class(plain)
+    layer._partial_target = weight
     positions = np.flatnonzero(bool_mask)
     layer._partial_add_weights(len(positions), positions, mode, False)
 
 
 def make_shell(
-    layer, *, num_free: int, mode: str, auto: bool, rest_trainable: bool = True
+    layer,
+    *,
+    num_free: int,
+    mode: str,
+    auto: bool,
+    rest_trainable: bool = True,
+    target: str | None = None,
 ) -> None:
     """Turn a built plain ``layer`` into a partial shell, in place.
 
@@ -113,6 +134,7 @@ def make_shell(
     sub-layers (:mod:`refimpl.layers.hosts`).
     """
     layer.__class__ = partial_class(type(layer))
+    layer._partial_target = target or layer._partial_target
     layer._partial_add_weights(num_free, None, mode, auto)
     if not rest_trainable:
         layer.freeze_rest()

@@ -56,10 +56,13 @@ _ELEMENTWISE_CONSTRAINTS = (keras.constraints.NonNeg,)
 class PartialWeightMixin:
     """What a partial class adds to its Keras class (see the module docstring)."""
 
+    # The partial weight: the class's default, or the one chosen for this
+    # layer (a SeparableConv's pointwise kernel, an RNN cell's recurrent one).
     _partial_target = "kernel"
-    # Whether the plain class keeps the weight as a plain attribute
-    # (``self.kernel = add_weight(...)``) rather than behind a property.
-    _partial_attribute = False
+    # The weights the class can make partial, each with whether the plain
+    # class keeps it as a plain attribute (``self.kernel = add_weight(...)``)
+    # rather than behind a property.
+    _partial_attributes: dict = {"kernel": False}
     # Made on first use (a keras-hub class): its config names its plain class.
     _partial_on_demand = False
     # Whether `call` has a sparse product (only a Dense's does).
@@ -78,7 +81,7 @@ class PartialWeightMixin:
         return compose(value, positions.value, free.value)
 
     def _partial_base(self):
-        if self._partial_attribute:
+        if self._partial_attributes.get(self._partial_target, False):
             return self.__dict__[self._partial_target]
         return getattr(self, "_" + self._partial_target)
 
@@ -228,6 +231,8 @@ class PartialWeightMixin:
         config["num_free"], config["mode"], config["auto"] = shell
         if getattr(self, "_partial_rest_frozen", False):
             config["rest_trainable"] = False
+        if self._partial_target != type(self)._partial_target:
+            config["target"] = self._partial_target
         if self._partial_on_demand:
             from refimpl.layers.classes import plain_class_config
 
@@ -239,7 +244,9 @@ class PartialWeightMixin:
         config = dict(config)
         shell = (config.pop("num_free"), config.pop("mode"), config.pop("auto"))
         rest_trainable = config.pop("rest_trainable", True)
+        target = config.pop("target", cls._partial_target)
         layer = super().from_config(config)
+        layer._partial_target = target
         layer._partial_shell = shell
         layer._partial_rest_frozen = not rest_trainable
         return layer
@@ -252,6 +259,7 @@ class PartialWeightMixin:
     def _partial_record(self) -> dict:
         """What a shell of this layer needs: its free count and its form."""
         return {
+            "target": self._partial_target,
             "num_free": self._partial_num_free,
             "mode": self._partial_mode,
             "auto": self._partial_auto,
@@ -278,6 +286,7 @@ class PartialWeightMixin:
             "_partial_loaded",
             "_partial_shell",
             "_partial_rest_frozen",
+            "_partial_target",
         ):
             self.__dict__.pop(name, None)
         self.__class__ = self._partial_plain_class()
@@ -331,6 +340,8 @@ def _composing(plain_class, target, attribute: bool = False):
                 value = self.__dict__[target]
             except KeyError:
                 raise AttributeError(target) from None
+            if self._partial_target != target:
+                return value  # another weight of the layer is the partial one
             return self._partial_value(value)
 
         def fset(self, value):
@@ -340,7 +351,8 @@ def _composing(plain_class, target, attribute: bool = False):
     inherited = getattr(plain_class, target)
 
     def fget(self):
-        return self._partial_value(inherited.fget(self))
+        value = inherited.fget(self)
+        return value if self._partial_target != target else self._partial_value(value)
 
     return property(fget, doc=doc)
 
