@@ -9,10 +9,6 @@ size, a plain Keras ``MultiHeadAttention``, ``TimeDistributed`` and a model
 nested in a model.
 """
 
-import subprocess
-import sys
-import textwrap
-
 import keras
 import keras_hub
 import numpy as np
@@ -21,8 +17,10 @@ import pytest
 import refimpl
 from refimpl import selection
 from refimpl.layers.partial import PartialWeightMixin
+from tests.processes import WITHOUT_REFIMPL, run_python
 
-pytestmark = pytest.mark.tensorflow_only
+# Whole transformers and keras-hub models: `make test` runs them, `make check` not.
+pytestmark = [pytest.mark.tensorflow_only, pytest.mark.slow]
 
 RNG = np.random.default_rng(0)
 IDS = RNG.integers(0, 50, (4, 8))
@@ -43,12 +41,15 @@ def _mha():
 
 # No dropout in the keras-hub models: two copies that continue training must
 # draw the same numbers, and a dropout layer's seed state is not saved.
+TINY = {
+    "vocabulary_size": 50, "num_heads": 2, "hidden_dim": 16,
+    "intermediate_dim": 32, "max_sequence_length": 16, "dropout": 0.0,
+}  # fmt: skip
+
+
 def _gpt2():
     keras.utils.set_random_seed(0)
-    model = keras_hub.models.GPT2Backbone(
-        vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16,
-        intermediate_dim=32, max_sequence_length=16, dropout=0.0,
-    )  # fmt: skip
+    model = keras_hub.models.GPT2Backbone(num_layers=2, **TINY)
     masks = {
         "feedforward_intermediate_dense": _random(0.1, 0),
         "query": _random(0.1, 1),
@@ -58,10 +59,7 @@ def _gpt2():
 
 def _bert_classifier():
     keras.utils.set_random_seed(0)
-    backbone = keras_hub.models.BertBackbone(
-        vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=16,
-        intermediate_dim=32, max_sequence_length=16, dropout=0.0,
-    )  # fmt: skip
+    backbone = keras_hub.models.BertBackbone(num_layers=1, **TINY)
     model = keras_hub.models.BertTextClassifier(
         backbone=backbone, num_classes=3, preprocessor=None, dropout=0.0
     )
@@ -221,14 +219,10 @@ def test_a_subclassed_model_merges_in_place_only():
     _equal(_predict(model, x), original)
 
 
-_WITHOUT_REFIMPL = """
-import builtins, sys, numpy as np
-real = builtins.__import__
-def refuse(name, *args, **kwargs):
-    if name.split(".")[0] == "refimpl":
-        raise ImportError("refimpl is not installed here")
-    return real(name, *args, **kwargs)
-builtins.__import__ = refuse
+_WITHOUT_REFIMPL = (
+    WITHOUT_REFIMPL
+    + """
+import sys, numpy as np
 import keras, keras_hub
 folder = sys.argv[1]
 for name in sys.argv[2:]:
@@ -244,6 +238,7 @@ for name in sys.argv[2:]:
         np.testing.assert_array_equal(out, want["arr_0"])
     print(name, "loaded")
 """
+)
 
 
 def test_merged_files_load_where_refimpl_cannot_be_imported(tmp_path):
@@ -258,13 +253,8 @@ def test_merged_files_load_where_refimpl_cannot_be_imported(tmp_path):
         for what, value in (("x", inputs), ("y", out)):
             arrays = value if isinstance(value, dict) else {"arr_0": value}
             np.savez(tmp_path / f"{name}-{what}.npz", **arrays)
-    code = textwrap.dedent(_WITHOUT_REFIMPL)
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path), *MODELS],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("loaded") == len(MODELS)
+    out = run_python(_WITHOUT_REFIMPL, tmp_path, *MODELS)
+    assert out.count("loaded") == len(MODELS)
 
 
 def test_new_token_rows_of_the_tied_embedding_train_and_only_they(tmp_path):

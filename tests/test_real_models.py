@@ -7,16 +7,13 @@ MobileNetV2 (random init, 32x32 inputs): every Conv2D and Dense trainable at
 in a process where ``refimpl`` cannot be imported.
 """
 
-import subprocess
-import sys
-import textwrap
-
 import keras
 import numpy as np
 import pytest
 
 import refimpl
 from refimpl import selection
+from tests.processes import WITHOUT_REFIMPL, run_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.tensorflow_only]
 
@@ -33,14 +30,10 @@ np.testing.assert_array_equal(refimpl.merge(loaded).predict(x, verbose=0), y)
 print("reloaded")
 """
 
-_WITHOUT_REFIMPL = """
-import builtins, sys, numpy as np
-real = builtins.__import__
-def refuse(name, *args, **kwargs):
-    if name.split(".")[0] == "refimpl":
-        raise ImportError("refimpl is not installed here")
-    return real(name, *args, **kwargs)
-builtins.__import__ = refuse
+_WITHOUT_REFIMPL = (
+    WITHOUT_REFIMPL
+    + """
+import sys, numpy as np
 import keras
 d = sys.argv[1]
 merged = keras.saving.load_model(d + "/merged.keras")
@@ -48,15 +41,11 @@ np.testing.assert_array_equal(merged.predict(np.load(d + "/x.npy"), verbose=0),
                               np.load(d + "/y.npy"))
 print(sorted({type(layer).__name__ for layer in merged.layers})[:3])
 """
+)
 
 
 def _run(code, folder):
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), str(folder)],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+    return run_python(code, folder)
 
 
 def test_mobilenet_v2_converts_trains_reloads_and_merges(tmp_path):

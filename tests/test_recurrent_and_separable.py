@@ -55,6 +55,7 @@ def _partial(model):
     ]
 
 
+@pytest.mark.slow
 def test_each_key_reaches_the_weight_it_names_and_training_is_exact(tmp_path):
     model = _model()
     converted = refimpl.partialize(model, MASKS)
