@@ -393,7 +393,13 @@ def _only_keras_classes(model):
     return all(type(layer).__module__.startswith("keras.") for layer in model.layers)
 
 
-@pytest.mark.parametrize("kind", list(MODELS))
+@pytest.mark.parametrize(
+    "kind",
+    [
+        k if k == "functional" else pytest.param(k, marks=pytest.mark.slow)
+        for k in MODELS
+    ],
+)
 def test_merge_gives_a_plain_keras_model_with_the_same_predictions(kind):
     model = MODELS[kind]()
     _perturb(model)

@@ -842,6 +842,7 @@ def test_restore_frozen_keeps_the_trainable_update():
 
 
 @pytest.mark.tensorflow_only
+@pytest.mark.slow
 def test_apply_masked_gradients_works_inside_tf_function_with_keras_variables():
     variable = keras.Variable(np.ones((2, 2), "float32"))
     optimizer = keras.optimizers.AdamW(0.1)

@@ -51,7 +51,9 @@ def _fine_tuned(mode="delta", train=None):
     return converted
 
 
-@pytest.mark.parametrize("mode", ["delta", "select"])
+@pytest.mark.parametrize(
+    "mode", ["delta", pytest.param("select", marks=pytest.mark.slow)]
+)
 def test_the_file_reproduces_the_fine_tune_on_the_plain_and_the_converted_model(
     mode, tmp_path
 ):
@@ -78,6 +80,7 @@ def test_the_file_reproduces_the_fine_tune_on_the_plain_and_the_converted_model(
         )
 
 
+@pytest.mark.slow
 def test_fully_trained_weights_travel_whole(tmp_path):
     tuned = _fine_tuned(train=["head"])
     path = tmp_path / "tuned.npz"

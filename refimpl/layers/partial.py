@@ -229,8 +229,7 @@ class PartialWeightMixin:
             mask, mode = self._partial_given
             shell = (_count(mask), mode, False)
         config["num_free"], config["mode"], config["auto"] = shell
-        if getattr(self, "_partial_rest_frozen", False):
-            config["rest_trainable"] = False
+        config["rest_trainable"] = not getattr(self, "_partial_rest_frozen", False)
         if self._partial_target != type(self)._partial_target:
             config["target"] = self._partial_target
         if self._partial_on_demand:
