@@ -7,16 +7,10 @@ import numpy as np
 
 from refimpl import _compat
 from refimpl._checks import describe
-from refimpl.layers.classes import (
-    is_supported,
-    supported_names,
-    target_weight,
-    weight_names,
-)
+from refimpl._keys import match_keys, policy_mask, resolve, where
 from refimpl.layers.enable import enable_partial
 from refimpl.layers.hosts import is_container, mark_hosts, unmark_hosts
 from refimpl.layers.partial import PartialWeightMixin
-from refimpl.masks import to_mask
 from refimpl.ops import check_mode
 from refimpl.trainability import check_train, freeze_rest, trainable_summary
 
@@ -99,12 +93,14 @@ def partialize(
     check_mode(mode)
     train = check_train(train)
     keep = (
-        [] if train == "all" else [layer for _, layer in _match(model, train, "train")]
+        []
+        if train == "all"
+        else [layer for _, layer in match_keys(model, train, "train")]
     )
     # Every mask is computed and checked before anything is converted.
     chosen = [
-        (layer, weight, _policy(layer, mask, f"layer_masks[{key!r}]", weight))
-        for key, layer, weight, mask in _resolve(model, layer_masks)
+        (layer, weight, policy_mask(layer, mask, f"layer_masks[{key!r}]", weight))
+        for key, layer, weight, mask in resolve(model, layer_masks)
     ]
     target = model if in_place else _copy(model, "partialize")
     if target is not model:
@@ -156,106 +152,6 @@ def partial_layers(model) -> list[dict]:
         for layer in _compat.sub_layers(model)
         if isinstance(layer, PartialWeightMixin)
     ]
-
-
-def _resolve(model, masks):
-    """The (layer, mask) pairs that ``masks`` names, each layer checked."""
-    layers = _compat.sub_layers(model)
-    seen: set = set()
-    for key, mask in masks.items():
-        if not isinstance(key, str):
-            raise TypeError(
-                "`layer_masks` keys must be layer names or weight paths. "
-                f"Received: {key!r}"
-            )
-        found = [layer for _, layer in _match(model, [key], "layer_masks", layers)]
-        found = list(
-            {id(x): x for layer in found for x in _weight_layers(layer)}.values()
-        )
-        for layer in found:
-            if id(layer) in seen:
-                raise ValueError(
-                    f"`layer_masks[{key!r}]` names layer {_where(layer)}, which "
-                    "another key names too: give each layer one mask"
-                )
-            seen.add(id(layer))
-            if isinstance(layer, PartialWeightMixin):
-                raise ValueError(
-                    f"`layer_masks[{key!r}]` names layer {_where(layer)}, which "
-                    "is already partially trainable"
-                )
-            if not is_supported(type(layer)):
-                raise TypeError(
-                    f"`layer_masks[{key!r}]` names layer {_where(layer)} "
-                    "of type "
-                    f"{type(layer).__name__}, which partialize cannot convert; it "
-                    f"converts {supported_names()}"
-                )
-            yield key, layer, _weight_of(layer, key), mask
-
-
-def _match(model, keys, name: str, layers=None):
-    """The (key, layer) pairs that each key names; a key that names none raises."""
-    layers = _compat.sub_layers(model) if layers is None else layers
-    for key in keys:
-        found = [layer for layer in layers if _names(layer, key)]
-        if not found:
-            raise ValueError(
-                f"`{name}[{key!r}]` names no layer or weight of the model. Its "
-                f"layers: {[layer.name for layer in layers][:12]}"
-            )
-        yield from ((key, layer) for layer in found)
-
-
-def _where(layer) -> str:
-    return repr(layer.path or layer.name)
-
-
-def _names(layer, key: str) -> bool:
-    path = layer.path or layer.name
-    if layer.name == key or path == key or path.endswith("/" + key):
-        return True
-    return _weight_of(layer, key) is not None
-
-
-def _weight_layers(layer) -> list:
-    """The layers that hold the weights a key naming ``layer`` means: an RNN's
-    cell, both directions of a ``Bidirectional``; else ``layer`` itself."""
-    if isinstance(layer, keras.layers.Bidirectional):
-        return [
-            *_weight_layers(layer.forward_layer),
-            *_weight_layers(layer.backward_layer),
-        ]
-    if isinstance(layer, keras.layers.RNN) and is_supported(type(layer.cell)):
-        return [layer.cell]
-    return [layer]
-
-
-def _weight_of(layer, key: str) -> str | None:
-    """The weight of ``layer`` that ``key`` names by its path, if any.
-
-    An RNN cell's weights are also named through the RNN layer
-    (``"lstm/recurrent_kernel"`` for ``"lstm/lstm_cell/recurrent_kernel"``).
-    """
-    if not is_supported(type(layer)):
-        return None
-    for weight in weight_names(layer):
-        path = target_weight(layer, weight).path
-        short = None
-        if hasattr(layer, "state_size") and "/" in (layer.path or ""):  # a cell
-            parent = (layer.path or "").rsplit("/", 1)[0]
-            short = f"{parent}/{weight}"
-        for candidate in (path, short):
-            if candidate and (candidate == key or candidate.endswith("/" + key)):
-                return weight
-    return None
-
-
-def _policy(layer, mask, name: str, weight: str | None = None) -> np.ndarray:
-    weight = target_weight(layer, weight)
-    if callable(mask):
-        mask = mask(np.array(keras.ops.convert_to_numpy(weight)))
-    return to_mask(mask, tuple(weight.shape), name=name)
 
 
 def _check_model(model, what: str, *, allow_subclassed: bool = False) -> None:
@@ -330,7 +226,7 @@ def merge(model, *, in_place: bool = False):
     misplaced = [layer for layer in structured if id(layer) not in top]
     if misplaced:
         raise ValueError(
-            f"`model` holds {', '.join(_where(layer) for layer in misplaced)} "
+            f"`model` holds {', '.join(where(layer) for layer in misplaced)} "
             f"({type(misplaced[0]).__name__}), whose weights are not a Keras "
             "layer's own: merge replaces such a layer only among the layers of "
             "a functional or Sequential model, and not with `in_place=True`. "
@@ -358,7 +254,7 @@ def merge(model, *, in_place: bool = False):
     if left:
         raise ValueError(
             "`model` holds refimpl layers that have no plain Keras form: "
-            f"{[f'{_where(layer)} ({type(layer).__name__})' for layer in left]}"
+            f"{[f'{where(layer)} ({type(layer).__name__})' for layer in left]}"
         )
     return merged
 

@@ -26,8 +26,9 @@ import keras
 
 from refimpl import _compat
 from refimpl._checks import describe
+from refimpl.layers._pieces import _composing
 from refimpl.layers.dense import PartialDense
-from refimpl.layers.partial import _PLAIN_TO_PARTIAL, PartialWeightMixin, _composing
+from refimpl.layers.partial import _PLAIN_TO_PARTIAL, PartialWeightMixin
 
 __all__ = [
     "PARTIAL_CLASSES",

@@ -12,12 +12,8 @@ import keras
 import numpy as np
 
 from refimpl._checks import describe
-from refimpl.layers.partial import (
-    _PLAIN_TO_PARTIAL,
-    PartialWeightMixin,
-    _check_constraint,
-    _composing,
-)
+from refimpl.layers._pieces import _check_constraint, _composing
+from refimpl.layers.partial import _PLAIN_TO_PARTIAL, PartialWeightMixin
 from refimpl.masks import mask_shape, to_mask
 from refimpl.ops import check_mode, sparse_matmul
 

@@ -10,6 +10,7 @@ import keras
 import numpy as np
 
 from refimpl._checks import describe
+from refimpl.layers._pieces import _ELEMENTWISE_REGULARIZERS, _check_constraint
 from refimpl.layers.classes import (
     PARTIAL_CLASSES,
     is_supported,
@@ -20,11 +21,7 @@ from refimpl.layers.classes import (
     weight_names,
 )
 from refimpl.layers.dense import PartialDense
-from refimpl.layers.partial import (
-    _ELEMENTWISE_REGULARIZERS,
-    PartialWeightMixin,
-    _check_constraint,
-)
+from refimpl.layers.partial import PartialWeightMixin
 from refimpl.masks import to_mask
 from refimpl.ops import check_mode
 
