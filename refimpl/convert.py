@@ -28,18 +28,23 @@ def partialize(
 ):
     """Return a model whose chosen weights are trainable only at some entries.
 
-    Every chosen layer (``Dense``, ``EinsumDense``, the convolutions and
-    ``Embedding``) gets a partially trainable weight (see
-    :mod:`refimpl.layers.partial`). **Everything else is frozen**, as PEFT
-    and keras-hub's ``enable_lora`` do: every other layer, and the chosen
-    layers' biases (:mod:`refimpl.trainability`); ``train`` keeps named
-    layers trainable. The weights, regularizers and structure are left
+    Every chosen layer gets a partially trainable weight (see
+    :mod:`refimpl.layers.partial`): ``Dense``, ``EinsumDense`` (the attention
+    projections), the convolutions with their transpose, depthwise and
+    separable forms, the RNN cells of ``SimpleRNN``, ``LSTM`` and ``GRU``,
+    ``Embedding``, ``ReversibleEmbedding`` and keras-hub's embeddings
+    (:func:`refimpl.layers.classes.supported_classes`). **Everything else is
+    frozen**, as PEFT and keras-hub's ``enable_lora`` do: every other layer,
+    and the chosen layers' biases (:mod:`refimpl.trainability`); ``train``
+    keeps named layers trainable. The weights, regularizers and structure are left
     exactly as they were: before any training the new model's outputs equal
     the original's bit for bit.
 
     Args:
-        model: a built Keras model: ``Sequential`` or functional (copied), or
-            any model with ``in_place=True`` (subclassed models included).
+        model: a built Keras model: ``Sequential``, functional, or a subclass
+            of the functional model that rebuilds from its config (every
+            keras-hub backbone and task model), copied; or any model with
+            ``in_place=True`` (subclassed models included).
         layer_masks: a dict from a layer name, or the path of its weight
             (``"dense/kernel"``), to the trainable entries of that layer's
             kernel (embeddings for ``Embedding``): a boolean mask or index
@@ -63,10 +68,13 @@ def partialize(
             result: what trains, weight by weight, and the totals.
 
     A key matches a layer by its name or its weight's path, or by the end of
-    the path (``"query/kernel"``, ``"query"``), at any depth. A key that
-    matches several layers converts every one, as keras-hub's
-    ``enable_lora(target_layer_names=...)`` does; :func:`partial_layers` lists
-    what was converted.
+    the path (``"query/kernel"``, ``"query"``), at any depth, inside attention
+    layers and transformer blocks too. A key that matches several layers
+    converts every one, as keras-hub's ``enable_lora(target_layer_names=...)``
+    does; :func:`partial_layers` lists what was converted. A key naming an RNN
+    layer or a ``Bidirectional`` wrapper converts its cells' kernels; a weight
+    path picks the other weight of a layer with two
+    (``"lstm/recurrent_kernel"``, ``"sep/pointwise_kernel"``).
 
     Returns:
         The converted model (``model`` itself with ``in_place=True``). Compile
