@@ -26,6 +26,7 @@ from refimpl import _compat
 from refimpl._checks import describe, variable_path
 from refimpl.layers.classes import is_supported, target_weight
 from refimpl.layers.partial import PartialWeightMixin
+from refimpl.trainability import fully_trainable
 
 __all__ = ["load_partial_weights", "save_partial_weights"]
 
@@ -100,20 +101,17 @@ def save_partial_weights(model, path) -> dict:
         )
     arrays, header = {}, {"format": _FORMAT, "version": _VERSION, "partial": []}
     header["full"] = []
-    free_ids = set()
     for i, layer in enumerate(partial):
         base = _numpy(layer.base_weight)
         positions = _numpy(layer.partial_positions).astype(np.int32)
         values = _numpy(getattr(layer, layer._partial_target)).reshape(-1)[positions]
         arrays[f"positions_{i}"], arrays[f"values_{i}"] = positions, values
-        free_ids.add(id(layer.partial_free))
         header["partial"].append(
             {"path": _path(model, layer.base_weight), "base": _fingerprint(base)}
         )
-    for variable in model.trainable_weights:
-        if id(variable) not in free_ids:
-            arrays[f"full_{len(header['full'])}"] = _numpy(variable)
-            header["full"].append(_path(model, variable))
+    for i, variable in enumerate(fully_trainable(model)):
+        arrays[f"full_{i}"] = _numpy(variable)
+        header["full"].append(_path(model, variable))
     arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
     with open(path, "wb") as file:
         np.savez(file, **arrays)

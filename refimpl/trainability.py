@@ -63,6 +63,17 @@ def freeze_rest(model, keep: list) -> None:
             layer.trainable = False
 
 
+def fully_trainable(model) -> list:
+    """The weights of ``model`` that train whole: every trainable weight but
+    the free values of its partial layers."""
+    free = {
+        id(layer.partial_free)
+        for layer in _compat.sub_layers(model)
+        if isinstance(layer, PartialWeightMixin)
+    }
+    return [v for v in model.trainable_weights if id(v) not in free]
+
+
 def trainable_summary(model, *, print_fn=None) -> list[dict]:
     """What trains in ``model``: one row per weight that has a trainable entry.
 
@@ -86,10 +97,8 @@ def trainable_summary(model, *, print_fn=None) -> list[dict]:
             f"Received: print_fn={describe(print_fn)}"
         )
     rows = []
-    free = set()
     for layer in _compat.sub_layers(model):
         if isinstance(layer, PartialWeightMixin) and layer.trainable:
-            free.add(id(layer.partial_free))
             rows.append(
                 {
                     "path": variable_path(layer.base_weight),
@@ -98,11 +107,10 @@ def trainable_summary(model, *, print_fn=None) -> list[dict]:
                     "size": int(np.prod(layer.base_weight.shape)),
                 }
             )
-    for variable in model.trainable_weights:
-        if id(variable) not in free:
-            size = int(np.prod(variable.shape))
-            path = variable_path(variable)
-            rows.append({"path": path, "kind": "full", "trainable": size, "size": size})
+    for variable in fully_trainable(model):
+        size = int(np.prod(variable.shape))
+        path = variable_path(variable)
+        rows.append({"path": path, "kind": "full", "trainable": size, "size": size})
     if print_fn is not None:
         width = max([len(row["path"]) for row in rows] + [6])
         print_fn(f"{'weight':<{width}}  {'kind':<7}  {'trainable':>10}  {'of':>10}")
