@@ -17,17 +17,19 @@ The top level holds what a model needs. The rest lives in submodules:
 the sparse product, the choice of form), :mod:`refimpl.structured` (diagonal,
 band and block matrices and their products), :mod:`refimpl.selection` (which
 entries to train), :mod:`refimpl.trainability` (what trains in a converted
-model), :mod:`refimpl.testing` (checks), :mod:`refimpl.plotting`,
+model), :mod:`refimpl.drop_and_grow` (masks that change while training:
+:class:`DropAndGrow`), :mod:`refimpl.testing` (checks), :mod:`refimpl.plotting`,
 :mod:`refimpl.optimizers`, :mod:`refimpl.backend`, and :mod:`refimpl.tf`, the
 TensorFlow-level teaching code. Everything but :mod:`refimpl.tf` runs on every
 Keras backend: TensorFlow, JAX and PyTorch.
 """
 
-__version__ = "2.1.0"
+__version__ = "2.2.0"
 
 from refimpl import (
     _compat,  # noqa: F401  (the Keras version check, first)
     backend,
+    drop_and_grow,
     masks,
     ops,
     optimizers,
@@ -39,6 +41,7 @@ from refimpl import (
 )
 from refimpl.constraints import FreezeEntries
 from refimpl.convert import merge, partialize
+from refimpl.drop_and_grow import DropAndGrow
 from refimpl.files import load_partial_weights, save_partial_weights
 from refimpl.layers import (
     BandedDense,
@@ -95,6 +98,7 @@ __all__ = [
     "BandedDense",
     "BlockDense",
     "DiagonalDense",
+    "DropAndGrow",
     "FreezeEntries",
     "MaskedOptimizer",
     "PartialDense",
@@ -107,6 +111,7 @@ __all__ = [
     "save_partial_weights",
     # submodules
     "backend",
+    "drop_and_grow",
     "masks",
     "ops",
     "optimizers",

@@ -3,10 +3,14 @@
 keras-hub saves a LoRA fine-tune as its adapters alone
 (``save_lora_weights``); this is the same for a sparse fine-tune. The file
 (NumPy's ``.npz``, no pickles) holds, for each partial weight, its path, its
-free positions (int32) and values, and a fingerprint of the frozen base (its
-shape, dtype and a SHA-256 checksum of its bytes); and each weight that
-trained in full (a head kept with ``train=``), whole. That is 8 bytes per
-trained float32 value and a small header. Weights are matched by their path
+free positions and values, and a fingerprint of the frozen base (its shape,
+dtype and a SHA-256 checksum of its bytes); and each weight that trained in
+full (a head kept with ``train=``), whole. The positions are stored as the
+gaps between them, in the smallest unsigned integer type that holds the
+largest gap: one byte per position when more than about one entry in 256
+trains, two down to one in 65,536. A float32 value thus costs 5 to 6 bytes,
+plus a small header per weight (files of version 1 stored int32 positions,
+8 bytes a value, and still load). Weights are matched by their path
 in the model (its layers' names). Loaded onto the pretrained model it
 came from (plain or converted), it gives the fine-tuned model bit for bit;
 onto any other base it raises, because the entries would land on the wrong
@@ -31,7 +35,27 @@ from refimpl.trainability import fully_trainable
 __all__ = ["load_partial_weights", "save_partial_weights"]
 
 _FORMAT = "refimpl.partial_weights"
-_VERSION = 1
+_VERSION = 2
+
+
+def _gaps(positions: np.ndarray) -> tuple[int, np.ndarray]:
+    """Sorted ``positions`` as their first one and the gaps after it."""
+    if len(positions) == 0:
+        return 0, np.zeros(0, np.uint8)
+    gaps = np.diff(positions)
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if gaps.size == 0 or gaps.max() <= np.iinfo(dtype).max:
+            return int(positions[0]), gaps.astype(dtype)
+    raise AssertionError("a gap larger than 2**32 - 1")  # int32 positions
+
+
+def _positions(arrays: dict, record: dict, i: int, version: int) -> np.ndarray:
+    if version == 1:
+        return arrays[f"positions_{i}"].astype(np.int64)
+    gaps = arrays[f"gaps_{i}"].astype(np.int64)
+    if record["num_free"] == 0:
+        return gaps
+    return record["first"] + np.concatenate([[0], np.cumsum(gaps)])
 
 
 def _numpy(variable) -> np.ndarray:
@@ -103,11 +127,17 @@ def save_partial_weights(model, path) -> dict:
     header["full"] = []
     for i, layer in enumerate(partial):
         base = _numpy(layer.base_weight)
-        positions = _numpy(layer.partial_positions).astype(np.int32)
+        positions = np.sort(_numpy(layer.partial_positions).astype(np.int64))
         values = _numpy(getattr(layer, layer._partial_target)).reshape(-1)[positions]
-        arrays[f"positions_{i}"], arrays[f"values_{i}"] = positions, values
+        first, arrays[f"gaps_{i}"] = _gaps(positions)
+        arrays[f"values_{i}"] = values
         header["partial"].append(
-            {"path": _path(model, layer.base_weight), "base": _fingerprint(base)}
+            {
+                "path": _path(model, layer.base_weight),
+                "base": _fingerprint(base),
+                "num_free": len(positions),
+                "first": first,
+            }
         )
     for i, variable in enumerate(fully_trainable(model)):
         arrays[f"full_{i}"] = _numpy(variable)
@@ -116,10 +146,7 @@ def save_partial_weights(model, path) -> dict:
     with open(path, "wb") as file:
         np.savez(file, **arrays)
     return {
-        "partial": {
-            r["path"]: len(arrays[f"positions_{i}"])
-            for i, r in enumerate(header["partial"])
-        },
+        "partial": {r["path"]: r["num_free"] for r in header["partial"]},
         "full": {
             p: int(arrays[f"full_{i}"].size) for i, p in enumerate(header["full"])
         },
@@ -147,10 +174,16 @@ def load_partial_weights(model, path) -> None:
     try:
         header = json.loads(arrays.pop("header").tobytes().decode())
         assert header["format"] == _FORMAT
+        version = header["version"]
     except (KeyError, ValueError, AssertionError):
         raise ValueError(
             f"`path` is not a file of `save_partial_weights`. Received: {path!r}"
         ) from None
+    if version not in (1, 2):
+        raise ValueError(
+            f"The file at `path` has format version {version!r}, and this refimpl "
+            f"reads versions 1 and 2: upgrade refimpl. Received: path={path!r}"
+        )
     layers = {}
     for layer in _compat.sub_layers(model):
         if isinstance(layer, PartialWeightMixin) or is_supported(type(layer)):
@@ -175,7 +208,8 @@ def load_partial_weights(model, path) -> None:
                 f"{record['base']['dtype']}, another checksum): the entries would "
                 f"land on other values. Received: path={path!r}"
             )
-        positions, values = arrays[f"positions_{i}"], arrays[f"values_{i}"]
+        values = arrays[f"values_{i}"]
+        positions = _positions(arrays, record, i, version)
         if isinstance(layer, PartialWeightMixin) and layer.num_free != len(positions):
             raise ValueError(
                 f"Layer {layer.name!r} has {layer.num_free} free entries and the "

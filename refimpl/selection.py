@@ -93,7 +93,8 @@ def fisher_scores(model, x, y, *, loss, batch_size: int = 32, batches: int = 4):
 
     Args:
         model: a built Keras model.
-        x, y: the data (arrays).
+        x, y: the data: ``y`` an array, ``x`` an array or, for a model with
+            several inputs, a dict or list of arrays with as many rows.
         loss: a Keras loss (an object or a name such as ``"mse"``).
         batch_size: the rows per batch.
         batches: how many batches to accumulate.
@@ -111,16 +112,18 @@ def fisher_scores(model, x, y, *, loss, batch_size: int = 32, batches: int = 4):
                 f"`{name}` must be a positive int. Received: {name}={describe(value)}"
             )
     loss_fn = keras.losses.get(loss)
-    x, y = np.asarray(x), np.asarray(y)
-    if len(x) != len(y) or len(x) == 0:
+    x, y = _rows(x, "x"), np.asarray(y)
+    rows = {len(part) for part in keras.tree.flatten(x)}
+    if rows != {len(y)} or len(y) == 0:
         raise ValueError(
             "`x` and `y` must hold the same number of rows, at least one. "
-            f"Received: {len(x)} and {len(y)}"
+            f"Received: {', '.join(map(str, sorted(rows)))} and {len(y)}"
         )
     variables = model.trainable_variables
     totals = [np.zeros(tuple(v.shape), np.float64) for v in variables]
-    for start in range(0, min(len(x), batches * batch_size), batch_size):
-        xb, yb = x[start : start + batch_size], y[start : start + batch_size]
+    for start in range(0, min(len(y), batches * batch_size), batch_size):
+        xb = keras.tree.map_structure(lambda a, s=start: a[s : s + batch_size], x)
+        yb = y[start : start + batch_size]
 
         def batch_loss(outputs, yb=yb):
             # The batch mean, whether ``loss`` reduces or not.
@@ -131,6 +134,20 @@ def fisher_scores(model, x, y, *, loss, batch_size: int = 32, batches: int = 4):
             if grad is not None:
                 total += np.square(grad, dtype=np.float64)
     return {v.path: total for v, total in zip(variables, totals, strict=True)}
+
+
+def _rows(x, name: str):
+    """``x`` as NumPy arrays, keeping a dict or list of inputs as it is."""
+    several = isinstance(x, (list, tuple)) and len(x) > 0
+    if isinstance(x, dict) or (several and all(hasattr(a, "shape") for a in x)):
+        return keras.tree.map_structure(np.asarray, x)
+    try:
+        return np.asarray(x)
+    except (TypeError, ValueError) as e:
+        raise TypeError(
+            f"`{name}` must be an array, or a dict or list of arrays. "
+            f"Received: {name}={describe(x)}"
+        ) from e
 
 
 def fisher_mask(scores, *, k=None, fraction=None) -> np.ndarray:

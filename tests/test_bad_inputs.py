@@ -110,6 +110,16 @@ def _small_model():
     return model
 
 
+def _partial_small():
+    return refimpl.partialize(_small_model(), {"d": EYE})
+
+
+def _drop_and_grow_fit(model, optimizer="adam"):
+    model.compile(optimizer, "mse")
+    callback = refimpl.DropAndGrow((W3, W3), every=1, fraction=0.5)
+    model.fit(W3, W3, epochs=1, verbose=0, callbacks=[callback])
+
+
 def _partialize_subclassed():
     return refimpl.partialize(_net(), {"dense": [[0, 0]]})
 
@@ -337,6 +347,19 @@ CASES = [
     ("count_optimizer_state_not_optimizer", "count_optimizer_state", lambda: refimpl.testing.count_optimizer_state("adam"), TypeError, "optimizer", "'adam'"),
     ("count_optimizer_state_not_built", "count_optimizer_state", lambda: refimpl.testing.count_optimizer_state(_sgd()), ValueError, "optimizer", "SGD"),
     ("plot_mask_rank", "plot_mask", lambda: refimpl.plotting.plot_mask(np.ones((2, 2, 2), bool)), ValueError, "mask", "(2, 2, 2)"),
+    ("drop_and_grow_every", "DropAndGrow", lambda: refimpl.DropAndGrow((W3, W3), every=0), ValueError, "every", "0"),
+    ("drop_and_grow_fraction_one", "DropAndGrow", lambda: refimpl.DropAndGrow((W3, W3), fraction=1.0), ValueError, "fraction", "1.0"),
+    ("drop_and_grow_fraction_zero", "DropAndGrow", lambda: refimpl.DropAndGrow((W3, W3), fraction=0), ValueError, "fraction", "0"),
+    ("drop_and_grow_fraction_string", "DropAndGrow", lambda: refimpl.DropAndGrow((W3, W3), fraction="10%"), TypeError, "fraction", "'10%'"),
+    ("drop_and_grow_data", "DropAndGrow", lambda: refimpl.DropAndGrow(W3), TypeError, "data", "ndarray"),
+    ("drop_and_grow_data_rows", "DropAndGrow", lambda: refimpl.DropAndGrow((W3, W3[:2])), ValueError, "data", "3 and 2"),
+    ("drop_and_grow_no_partial_layer", "DropAndGrow", lambda: _drop_and_grow_fit(_small_model()), ValueError, "model", "'"),
+    ("drop_and_grow_in_predict", "DropAndGrow", lambda: _partial_small().predict(W3, callbacks=[refimpl.DropAndGrow((W3, W3))], verbose=0), ValueError, "callbacks", "predict"),
+    ("drop_and_grow_outside_fit", "DropAndGrow", lambda: refimpl.DropAndGrow((W3, W3)).on_train_batch_end(0), ValueError, "callbacks", "outside fit"),
+    ("drop_and_grow_optimizer", "DropAndGrow", lambda: _drop_and_grow_fit(_partial_small(), keras.optimizers.Adafactor()), ValueError, "optimizer", "Adafactor"),
+    ("regrow_model", "regrow", lambda: refimpl.drop_and_grow.regrow("model", (W3, W3), fraction=0.5), TypeError, "model", "'model'"),
+    ("regrow_batches", "regrow", lambda: refimpl.drop_and_grow.regrow(_partial_small(), (W3, W3), fraction=0.5, batches=0), ValueError, "batches", "0"),
+    ("regrow_no_loss", "regrow", lambda: refimpl.drop_and_grow.regrow(_partial_small(), (W3, W3), fraction=0.5), ValueError, "loss", "None"),
     ("plot_mask_int", "plot_mask", lambda: refimpl.plotting.plot_mask([[1, 0]]), TypeError, "mask", "shape (1, 2)"),
 ]  # fmt: skip
 
@@ -347,6 +370,7 @@ EXEMPT = {
 }
 # The documented submodules whose functions and classes are public entry points.
 _SUBMODULES = (
+    "drop_and_grow",
     "masks",
     "ops",
     "optimizers",

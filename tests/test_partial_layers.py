@@ -535,6 +535,28 @@ def test_fisher_scores_are_accumulated_squared_gradients():
     assert score[mask].min() >= score[~mask].max()
 
 
+def test_fisher_scores_take_a_dict_of_inputs_as_a_keras_hub_model_does():
+    keras.utils.set_random_seed(0)
+    a, b = keras.Input((3,), name="a"), keras.Input((2,), name="b")
+    joined = keras.layers.Concatenate()([a, b])
+    model = keras.Model({"a": a, "b": b}, keras.layers.Dense(2, name="d")(joined))
+    rng = np.random.default_rng(0)
+    x = {"a": rng.normal(size=(8, 3)), "b": rng.normal(size=(8, 2))}
+    y = rng.normal(size=(8, 2))
+    scores = selection.fisher_scores(model, x, y, loss="mse", batch_size=4, batches=2)
+    stacked = np.concatenate([x["a"], x["b"]], axis=1)
+    concatenated = keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)])
+    concatenated.set_weights(model.get_layer("d").get_weights())
+    expected = selection.fisher_scores(
+        concatenated, stacked, y, loss="mse", batch_size=4, batches=2
+    )
+    for path, score in zip(scores, expected.values(), strict=True):
+        np.testing.assert_allclose(scores[path], score, rtol=1e-5)
+    short = {"a": x["a"], "b": x["b"][:6]}
+    with pytest.raises(ValueError, match="same number of rows.*6, 8 and 8"):
+        selection.fisher_scores(model, short, y, loss="mse")
+
+
 def test_structured_masks():
     np.testing.assert_array_equal(
         selection.diagonal_mask((3, 3)), np.eye(3, dtype=bool)

@@ -14,6 +14,8 @@ package picks the module of the active backend once, at import:
   ``tf.distribute`` replica function;
 * :func:`batch_gradients`: the gradients of a model's batch loss with
   respect to its trainable weights, as NumPy arrays;
+  :func:`variable_gradients`: the same with respect to chosen variables,
+  frozen ones included (a partial layer's base);
 * :func:`is_variable` and :func:`is_symbolic`: what kind of value an
   argument is (a variable; a tensor whose value is not known yet).
 
@@ -41,6 +43,7 @@ __all__ = [
     "read_now",
     "require_tensorflow",
     "try_read_now",
+    "variable_gradients",
 ]
 
 #: The Keras backend this process runs on.
@@ -60,6 +63,7 @@ bool_constant = _impl.bool_constant
 mask_sparse_gradient = _impl.mask_sparse_gradient
 assign_on_every_replica = _impl.assign_on_every_replica
 batch_gradients = _impl.batch_gradients
+variable_gradients = _impl.variable_gradients
 is_variable = _impl.is_variable
 is_symbolic = _impl.is_symbolic
 

@@ -53,6 +53,32 @@ def batch_gradients(model, loss_of_outputs, x) -> list:
     return [np.asarray(g) for g in jax.grad(loss)(trainable)]
 
 
+def variable_gradients(model, loss_of_outputs, x, variables) -> list:
+    trainable = [v.value for v in model.trainable_variables]
+    non_trainable = [v.value for v in model.non_trainable_variables]
+    ids = [id(v) for v in variables]
+    where = {}
+    groups = (("t", model.trainable_variables), ("n", model.non_trainable_variables))
+    for group, members in groups:
+        for i, v in enumerate(members):
+            if id(v) in ids:
+                where[id(v)] = (group, i)
+    missing = [v.path for v in variables if id(v) not in where]
+    if missing:
+        raise ValueError(f"Variables not in the model: {missing}")
+
+    def loss(chosen):
+        t, n = list(trainable), list(non_trainable)
+        for v, value in zip(variables, chosen, strict=True):
+            group, i = where[id(v)]
+            (t if group == "t" else n)[i] = value
+        outputs, _ = model.stateless_call(t, n, x, training=False)
+        return loss_of_outputs(outputs)
+
+    grads = jax.grad(loss)([v.value for v in variables])
+    return [np.asarray(g) for g in grads]
+
+
 def is_variable(value) -> bool:
     return isinstance(value, keras.Variable)
 

@@ -58,6 +58,15 @@ def batch_gradients(model, loss_of_outputs, x) -> list:
     return [None if g is None else keras.ops.convert_to_numpy(g) for g in grads]
 
 
+def variable_gradients(model, loss_of_outputs, x, variables) -> list:
+    with tf.GradientTape() as tape:
+        for v in variables:  # frozen variables too
+            tape.watch(v.value)
+        value = loss_of_outputs(model(x, training=False))
+    grads = tape.gradient(value, [v.value for v in variables])
+    return [None if g is None else keras.ops.convert_to_numpy(g) for g in grads]
+
+
 def is_variable(value) -> bool:
     return isinstance(value, (tf.Variable, keras.Variable))
 

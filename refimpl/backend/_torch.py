@@ -34,6 +34,20 @@ def batch_gradients(model, loss_of_outputs, x) -> list:
     return [None if g is None else g.detach().cpu().numpy() for g in grads]
 
 
+def variable_gradients(model, loss_of_outputs, x, variables) -> list:
+    tensors = [v.value for v in variables]
+    before = [t.requires_grad for t in tensors]
+    try:
+        for t in tensors:
+            t.requires_grad_(True)
+        value = loss_of_outputs(model(x, training=False))
+        grads = torch.autograd.grad(value, tensors, allow_unused=True)
+    finally:
+        for t, flag in zip(tensors, before, strict=True):
+            t.requires_grad_(flag)
+    return [None if g is None else g.detach().cpu().numpy() for g in grads]
+
+
 def is_variable(value) -> bool:
     return isinstance(value, keras.Variable)
 

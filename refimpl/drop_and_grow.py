@@ -1,0 +1,341 @@
+"""Masks that change during training: drop the entries that moved least, grow new ones.
+
+SpIEL (Ansell et al., ICML 2024) fine-tunes about 1 % of a model's entries
+and re-chooses them while it trains: every few steps it drops the active
+entries whose change from the pretrained value is smallest and grows as many
+new ones where the gradient is largest. :class:`DropAndGrow` does this for
+every partial layer of a model (:func:`refimpl.partialize`, the partial
+classes, :class:`refimpl.PartialDense`), as a Keras callback;
+:func:`regrow` is one such update, for a custom training loop.
+
+Choices, each tested:
+
+* **A dropped entry reverts to its base value**, as in SpIEL: the base is the
+  pretrained weight, never written, so the entry reads it again; what it
+  learned is discarded. (Folding it into the base would make the base drift
+  from the checkpoint, and the trained-entries file would no longer restore the
+  model from the checkpoint alone.)
+* **A grown entry starts from its base value with fresh optimizer state**:
+  zero moments for Adam, AdamW, Nadam, Adamax, Lamb, Lion, RMSprop, SGD and
+  Adadelta, the initial accumulator for Adagrad and Ftrl, the new value for an
+  exponential moving average of the weights. An optimizer whose state is not
+  one value per entry (Adafactor's factored moments, Muon, schedule-free AdamW,
+  or an optimizer this module does not know) is refused.
+* **The growth score** is the squared gradient of the loss with respect to
+  the frozen base, summed over a few *probe* batches (``batches``) taken in
+  turn from ``data``, at each update only: one extra forward and backward
+  pass per probe batch every ``every`` steps, and no dense gradient in the
+  training steps in between. The candidates are the entries not active before
+  the update, so a dropped entry is not grown back at once.
+* ``k``, the number of free entries of each layer, stays the same, and so do
+  the optimizer's state sizes (``k`` values per slot). The positions are kept
+  sorted, with the free values and their optimizer state moved along.
+
+The positions are a variable of the layer, so ``.keras`` files and
+:func:`refimpl.save_partial_weights` hold the current ones, and training
+continues from them after loading.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from refimpl import _compat, backend
+from refimpl._checks import describe
+from refimpl._optimizer_state import check_optimizer as _check_optimizer
+from refimpl._optimizer_state import slots as _slots
+from refimpl.layers.partial import PartialWeightMixin
+
+__all__ = ["DropAndGrow", "regrow"]
+
+
+def _partial_layers(model):
+    return [
+        layer
+        for layer in _compat.sub_layers(model)
+        if isinstance(layer, PartialWeightMixin) and layer.trainable
+    ]
+
+
+def _scores(model, layers, data, loss, batches, batch_size, start):
+    """The squared gradient on each layer's base, summed over probe batches."""
+    x, y = data
+    rows = len(y)
+    bases = [layer.base_weight for layer in layers]
+    totals = [np.zeros(tuple(b.shape), np.float64) for b in bases]
+    for b in range(batches):
+        first = (start + b * batch_size) % rows
+        picks = (np.arange(batch_size) + first) % rows
+        xb = keras.tree.map_structure(lambda a, p=picks: a[p], x)
+        yb = y[picks]
+
+        def batch_loss(outputs, yb=yb):
+            return keras.ops.mean(loss(yb, outputs))
+
+        for total, grad in zip(
+            totals,
+            backend.variable_gradients(model, batch_loss, xb, bases),
+            strict=True,
+        ):
+            if grad is not None:
+                total += np.square(grad, dtype=np.float64)
+    return totals
+
+
+def _check_fraction(fraction) -> float:
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+        raise TypeError(
+            "`fraction` must be a number in (0, 1). "
+            f"Received: fraction={describe(fraction)}"
+        )
+    if not 0 < fraction < 1:
+        raise ValueError(
+            "`fraction` must be in (0, 1): the share of each layer's free entries "
+            f"that is dropped and grown. Received: fraction={fraction!r}"
+        )
+    return float(fraction)
+
+
+def _check_count(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(
+            f"`{name}` must be an int of at least 1. Received: {name}={describe(value)}"
+        )
+    return int(value)
+
+
+def _check_data(data):
+    if not isinstance(data, (tuple, list)) or len(data) != 2:
+        raise TypeError(
+            "`data` must be a tuple (x, y) of probe inputs and targets, from which "
+            f"the growth score is computed. Received: data={describe(data)}"
+        )
+    x, y = data
+    if isinstance(x, dict):
+        x = {k: np.asarray(v) for k, v in x.items()}
+    elif isinstance(x, (list, tuple)):
+        x = [np.asarray(v) for v in x]
+    else:
+        x = np.asarray(x)
+    y = np.asarray(y)
+    rows = {len(a) for a in keras.tree.flatten(x)}
+    if rows != {len(y)} or len(y) == 0:
+        raise ValueError(
+            "`data` must hold as many rows of x as of y, at least one. Received: "
+            f"{', '.join(map(str, sorted(rows)))} and {len(y)}"
+        )
+    return x, y
+
+
+def _loss_of(model, loss):
+    loss = loss if loss is not None else getattr(model, "loss", None)
+    if loss is None:
+        raise ValueError(
+            "`loss` is needed for the growth score: pass it, or compile the model "
+            "with a loss. Received: loss=None"
+        )
+    if isinstance(loss, (dict, list, tuple)):
+        raise ValueError(
+            "`loss` must be one loss for the model's output: pass it explicitly "
+            f"for a model with several outputs. Received: loss={describe(loss)}"
+        )
+    return keras.losses.get(loss)
+
+
+def regrow(model, data, *, fraction, loss=None, batches=1, batch_size=32, start=0):
+    """Drop and grow the free entries of every partial layer of ``model``, once.
+
+    Args:
+        model: a model with partial layers (:func:`refimpl.partialize`), built.
+        data: ``(x, y)``, the probe data of the growth score (x an array, or a
+            dict or list of arrays, as the model takes).
+        fraction: the share of each layer's free entries to drop and grow, in
+            (0, 1); ``round(fraction * k)`` entries per layer.
+        loss: the loss of the score; by default the model's compiled loss.
+        batches, batch_size: the probe batches of the score.
+        start: the row of ``data`` the first probe batch starts at.
+
+    Returns:
+        One record per partial layer: its ``path``, ``dropped`` and ``grown``
+        (flat positions, NumPy arrays).
+
+    Raises:
+        TypeError, ValueError: for bad arguments, naming them; ValueError for a
+            model with no trainable partial layer, or an optimizer whose state
+            cannot be reset per entry.
+    """
+    fraction = _check_fraction(fraction)
+    batches, batch_size = (
+        _check_count(batches, "batches"),
+        _check_count(batch_size, "batch_size"),
+    )
+    x, y = _check_data(data)
+    layers = _require_layers(model)
+    loss = _loss_of(model, loss)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:
+        for layer in layers:
+            _check_optimizer(optimizer, layer.partial_free)
+    scores = _scores(model, layers, (x, y), loss, batches, batch_size, start)
+    return [
+        _swap(layer, score, fraction, optimizer)
+        for layer, score in zip(layers, scores, strict=True)
+    ]
+
+
+def _require_layers(model):
+    if not isinstance(model, keras.Model) or not model.built:
+        raise TypeError(
+            f"`model` must be a built Keras model. Received: model={describe(model)}"
+        )
+    layers = _partial_layers(model)
+    if not layers:
+        raise ValueError(
+            "`model` has no trainable partial layer to drop and grow entries of: "
+            "convert it with `refimpl.partialize` first. "
+            f"Received: model={describe(model.name)}"
+        )
+    return layers
+
+
+def _swap(layer, score, fraction, optimizer) -> dict:
+    positions = np.asarray(backend.read_now(layer.partial_positions)).astype(np.int64)
+    base = np.asarray(keras.ops.convert_to_numpy(layer.base_weight)).reshape(-1)
+    free = np.asarray(keras.ops.convert_to_numpy(layer.partial_free))
+    select = layer.partial_mode == "select"
+    values = free.reshape(-1)[positions] if select else free
+    count = int(round(fraction * len(positions)))
+    record = {"path": layer.path or layer.name, "dropped": np.zeros(0, np.int64)}
+    record["grown"] = record["dropped"]
+    if count == 0:
+        return record
+    change = np.abs(values.astype(np.float64) - base[positions])
+    drop = np.argsort(change, kind="stable")[:count]  # slots, smallest change first
+    candidates = score.reshape(-1).copy()
+    candidates[positions] = -np.inf  # active before the update
+    grown = np.argsort(-candidates, kind="stable")[:count]
+    record["dropped"], record["grown"] = np.sort(positions[drop]), np.sort(grown)
+    new_positions = positions.copy()
+    new_positions[drop] = grown
+    order = np.argsort(new_positions, kind="stable")
+    states = _slots(optimizer, layer.partial_free) if optimizer is not None else []
+    if select:  # the free values and the state are the weight's shape
+        free = free.reshape(-1).copy()
+        free[grown] = base[grown]
+        for state, fresh in states:
+            value = np.asarray(keras.ops.convert_to_numpy(state)).reshape(-1).copy()
+            value[grown] = (
+                base[grown] if fresh == "value" else (0.0 if fresh == "zero" else fresh)
+            )
+            state.assign(value.reshape(tuple(state.shape)))
+        layer.partial_free.assign(free.reshape(tuple(layer.partial_free.shape)))
+    else:
+        free = free.copy()
+        free[drop] = base[grown]
+        for state, fresh in states:
+            value = np.asarray(keras.ops.convert_to_numpy(state)).copy()
+            value[drop] = (
+                base[grown] if fresh == "value" else (0.0 if fresh == "zero" else fresh)
+            )
+            state.assign(value[order])
+        layer.partial_free.assign(free[order])
+    layer.partial_positions.assign(
+        new_positions[order].astype(layer.partial_positions.dtype)
+    )
+    return record
+
+
+class DropAndGrow(keras.callbacks.Callback):
+    """Re-choose the free entries of every partial layer every ``every`` steps.
+
+    A Keras callback for ``fit`` (the module docstring gives the choices). At
+    the end of every ``every``-th training step, each trainable partial layer
+    drops ``round(fraction * k)`` of its ``k`` free entries, those that moved
+    least from their base value, and grows as many where the growth score,
+    the squared gradient on the base over ``batches`` probe batches of
+    ``data``, is largest.
+
+    Args:
+        data: ``(x, y)``, the probe data (a slice of the training data serves).
+        every: the steps between two updates (at least 1).
+        fraction: the share of each layer's free entries swapped, in (0, 1).
+        batches, batch_size: the probe batches of each update.
+        loss: the score's loss; by default the model's compiled loss.
+        stop_after: no update after this many steps (``None``: no limit), so
+            that the last entries grown have time to train.
+
+    Attributes:
+        history: one dict per update: its ``step`` and, per layer path, the
+            number of entries swapped.
+
+    >>> import keras, numpy as np, refimpl
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="d")])
+    >>> model = refimpl.partialize(model, {"d": np.eye(4, 3, dtype=bool)})
+    >>> model.compile(keras.optimizers.Adam(0.01), "mse")
+    >>> x, y = np.ones((8, 4)), np.zeros((8, 3))
+    >>> grow = refimpl.DropAndGrow((x, y), every=2, fraction=0.34)
+    >>> _ = model.fit(x, y, batch_size=2, epochs=1, verbose=0, callbacks=[grow])
+    >>> [h["step"] for h in grow.history], model.get_layer("d").num_free
+    ([2, 4], 3)
+    """
+
+    def __init__(self, data, *, every=100, fraction=0.1, batches=1, batch_size=32,
+                 loss=None, stop_after=None):  # fmt: skip
+        super().__init__()
+        self.data = _check_data(data)
+        self.every = _check_count(every, "every")
+        self.fraction = _check_fraction(fraction)
+        self.batches = _check_count(batches, "batches")
+        self.batch_size = _check_count(batch_size, "batch_size")
+        if stop_after is not None:
+            stop_after = _check_count(stop_after, "stop_after")
+        self.stop_after, self.loss = stop_after, loss
+        self.history, self._steps, self._fitting = [], 0, False
+
+    def on_train_begin(self, logs=None):
+        model = self.model
+        _require_layers(model)
+        _loss_of(model, self.loss)
+        for layer in _partial_layers(model):
+            _check_optimizer(model.optimizer, layer.partial_free)
+        self._fitting = True
+
+    def on_train_end(self, logs=None):
+        self._fitting = False
+
+    def _outside_fit(self, what):
+        raise ValueError(
+            f"`callbacks` of `{what}` holds a DropAndGrow, which changes masks "
+            "during `fit` only: pass it in `model.fit(..., callbacks=[...])`, or "
+            "call `refimpl.drop_and_grow.regrow(model, data, fraction=...)` in a "
+            f"custom loop. Received: callbacks=[DropAndGrow] in {what}"
+        )
+
+    def on_test_begin(self, logs=None):
+        if not self._fitting:  # `fit`'s own validation is fine
+            self._outside_fit("evaluate")
+
+    def on_predict_begin(self, logs=None):
+        self._outside_fit("predict")
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self._fitting:
+            raise ValueError(
+                "`callbacks` of `fit` is where a DropAndGrow acts: pass it in "
+                "`model.fit(..., callbacks=[...])`. Received: a call of "
+                "on_train_batch_end outside fit"
+            )
+        self._steps += 1
+        if self._steps % self.every or (
+            self.stop_after and self._steps > self.stop_after
+        ):
+            return
+        records = regrow(
+            self.model, self.data, fraction=self.fraction, loss=self.loss,
+            batches=self.batches, batch_size=self.batch_size,
+            start=len(self.history) * self.batches * self.batch_size,
+        )  # fmt: skip
+        entry = {"step": self._steps}
+        entry.update({r["path"]: len(r["grown"]) for r in records})
+        self.history.append(entry)
