@@ -219,9 +219,7 @@ def test_a_subclassed_model_merges_in_place_only():
     _equal(_predict(model, x), original)
 
 
-_WITHOUT_REFIMPL = (
-    WITHOUT_REFIMPL
-    + """
+_LOAD_AND_PREDICT = """
 import sys, numpy as np
 import keras, keras_hub
 folder = sys.argv[1]
@@ -238,7 +236,35 @@ for name in sys.argv[2:]:
         np.testing.assert_array_equal(out, want["arr_0"])
     print(name, "loaded")
 """
-)
+_WITHOUT_REFIMPL = WITHOUT_REFIMPL + _LOAD_AND_PREDICT
+
+
+def _save_with_outputs(model, inputs, folder, name):
+    model.save(folder / f"{name}.keras")
+    for what, value in (("x", inputs), ("y", _predict(model, inputs))):
+        arrays = value if isinstance(value, dict) else {"arr_0": value}
+        np.savez(folder / f"{name}-{what}.npz", **arrays)
+
+
+def test_converted_files_load_in_a_fresh_process(tmp_path):
+    # A fresh process has made no host or on-demand class yet: the file must
+    # load by the registered names alone (a keras-hub task model that holds a
+    # `PartialGPT2Backbone` did not).
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.GPT2Backbone(num_layers=1, **TINY)
+    converted = refimpl.partialize(
+        backbone, {"query": _random(0.2, 0), "token_embedding": _random(0.1, 1)}
+    )
+    task = keras_hub.models.GPT2CausalLM(backbone=converted, preprocessor=None)
+    inputs = {"token_ids": IDS, "padding_mask": np.ones_like(IDS)}
+    _save_with_outputs(task, inputs, tmp_path, "gpt2_causal_lm")
+    names = ["gpt2_causal_lm"]
+    for name, make in MODELS.items():
+        model, masks, inputs = make()
+        _save_with_outputs(refimpl.partialize(model, masks), inputs, tmp_path, name)
+        names.append(name)
+    out = run_python("import refimpl\n" + _LOAD_AND_PREDICT, tmp_path, *names)
+    assert out.count("loaded") == len(names)
 
 
 def test_merged_files_load_where_refimpl_cannot_be_imported(tmp_path):
@@ -247,12 +273,7 @@ def test_merged_files_load_where_refimpl_cannot_be_imported(tmp_path):
         converted = refimpl.partialize(model, masks)
         converted.compile("adam", "mse", metrics=[])
         _step(converted, inputs, _target(_predict(model, inputs)))
-        merged = refimpl.merge(converted)
-        merged.save(tmp_path / f"{name}.keras")
-        out = _predict(merged, inputs)
-        for what, value in (("x", inputs), ("y", out)):
-            arrays = value if isinstance(value, dict) else {"arr_0": value}
-            np.savez(tmp_path / f"{name}-{what}.npz", **arrays)
+        _save_with_outputs(refimpl.merge(converted), inputs, tmp_path, name)
     out = run_python(_WITHOUT_REFIMPL, tmp_path, *MODELS)
     assert out.count("loaded") == len(MODELS)
 

@@ -94,6 +94,11 @@ class _Loader:
         return partial_class(plain).from_config(config)
 
 
+# The one name of the on-demand classes loads in a fresh process, before any
+# of them is made there.
+keras.saving.get_custom_objects()[_ON_DEMAND_NAME] = _Loader
+
+
 def plain_class_config(plain) -> dict:
     """What :class:`_Loader` needs to find ``plain`` again."""
     return {

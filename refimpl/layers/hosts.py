@@ -84,6 +84,11 @@ class _Loader:
         return layer
 
 
+# The one name of every host class loads in a fresh process, before any host
+# class is made there.
+keras.saving.get_custom_objects()[HOST_NAME] = _Loader
+
+
 def host_class(plain: type) -> type:
     """The host class of a layer class (made once, registered as ``PartialHost``)."""
     if issubclass(plain, HostMixin):
