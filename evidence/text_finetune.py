@@ -32,7 +32,9 @@ from refimpl import selection
 
 RESULTS = text_lm.DATA / "results.csv"
 SEEDS = (0, 1, 2)
-LEARNING_RATES = (1e-3, 3e-3, 1e-2)
+#: The learning rates tried, about 3x apart: the middle three first, then one
+#: more beyond whichever end is best, until the best is not at an end.
+LEARNING_RATES = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 STEPS, BATCH_SIZE = 200, 16
 
 #: The weights the masks choose from: the tied token embedding and every kernel.
@@ -188,16 +190,22 @@ def build(method: str, seed: int, learning_rate: float):
 
 
 class _EverActive(keras.callbacks.Callback):
-    """The union of each partial weight's masks over training, by weight path."""
+    """The union of each partial weight's masks over training, by weight path,
+    read after each update of ``grow`` (a :class:`refimpl.DropAndGrow`)."""
 
-    def __init__(self, masks):
+    def __init__(self, masks, grow):
         super().__init__()
         self.masks = {p: m.copy() for p, m in masks.items()}
+        self.grow, self.seen = grow, 0
 
     def on_train_batch_end(self, batch, logs=None):
+        if len(self.grow.history) == self.seen:
+            return
+        self.seen = len(self.grow.history)
         for record in refimpl.convert.partial_layers(self.model.backbone):
-            layer = _layer(self.model.backbone, record["path"])
-            self.masks[f"{record['path']}/{record['weight']}"] |= layer.trainable_mask
+            layer = layer_at(self.model.backbone, record["path"])
+            path = f"{record['path']}/{record['weight']}"
+            self.masks[path] |= layer.trainable_mask
 
 
 class _StepTimer(keras.callbacks.Callback):
@@ -220,7 +228,7 @@ def values_of(model) -> dict[str, np.ndarray]:
     backbone = model.backbone
     values = {w.path: keras.ops.convert_to_numpy(w) for w in backbone.weights}
     for record in refimpl.convert.partial_layers(backbone):
-        layer = _layer(backbone, record["path"])
+        layer = layer_at(backbone, record["path"])
         composed = getattr(layer, record["weight"])
         values[f"{record['path']}/{record['weight']}"] = keras.ops.convert_to_numpy(
             composed
@@ -241,7 +249,8 @@ def _plain_paths() -> set[str]:
 _PLAIN_PATHS: set[str] = set()
 
 
-def _layer(backbone, path):
+def layer_at(backbone, path):
+    """The sub-layer of ``backbone`` at ``path`` (as ``partial_layers`` names it)."""
     for layer in refimpl._compat.sub_layers(backbone):
         if (layer.path or layer.name) == path:
             return layer
@@ -260,7 +269,7 @@ def fine_tune(
     x, y = train_data(seed, tokens)
     timer = _StepTimer()
     if callbacks:  # masks that change: check against every entry ever active
-        callbacks.append(_EverActive(masks))
+        callbacks.append(_EverActive(masks, callbacks[0]))
     model.fit(x, y, batch_size=BATCH_SIZE, epochs=1, shuffle=False, verbose=0,
               callbacks=[*callbacks, timer])  # fmt: skip
     after = values_of(model)
@@ -305,6 +314,35 @@ def trained_file_bytes(model, masks) -> int:
         return path.stat().st_size
 
 
+def choose_rate(method: str) -> float:
+    """The learning rate with the lowest validation loss at seed 0."""
+    losses = {}
+
+    def validation(i):
+        if i not in losses:
+            keras.backend.clear_session()
+            rate = LEARNING_RATES[i]
+            row = fine_tune(method, 0, rate, heldout="code_validation")
+            loss = row["heldout_nats_per_char"]
+            losses[i] = loss if np.isfinite(loss) else np.inf
+            print(f"{method:20s} lr {rate:g}: validation {loss:.4f}", flush=True)
+        return losses[i]
+
+    low, high = 2, 4
+    for i in range(low, high + 1):
+        validation(i)
+    while True:
+        best = min(losses, key=losses.get)
+        if best == low and low > 0:
+            low -= 1
+            validation(low)
+        elif best == high and high < len(LEARNING_RATES) - 1:
+            high += 1
+            validation(high)
+        else:
+            return LEARNING_RATES[best]
+
+
 def main(*methods: str) -> None:
     """Run ``methods`` (all by default) and write their rows into the CSV.
 
@@ -318,18 +356,10 @@ def main(*methods: str) -> None:
         raise SystemExit(f"unknown methods {unknown}; known: {list(METHODS)}")
     rows = []
     for method in methods or METHODS:
-        best = None
-        for rate in LEARNING_RATES:
-            keras.backend.clear_session()
-            loss = fine_tune(method, 0, rate, heldout="code_validation")[
-                "heldout_nats_per_char"
-            ]
-            print(f"{method:20s} lr {rate:g}: validation {loss:.4f}", flush=True)
-            if np.isfinite(loss) and (best is None or loss < best[0]):
-                best = (loss, rate)
+        best = choose_rate(method)
         for seed in SEEDS:
             keras.backend.clear_session()
-            row = fine_tune(method, seed, best[1])
+            row = fine_tune(method, seed, best)
             print(row, flush=True)
             rows.append(row)
     full = [r["seconds_per_step"] for r in rows if r["method"] == "full"]
