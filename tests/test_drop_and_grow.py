@@ -131,6 +131,43 @@ def test_fit_with_the_callback_keeps_never_chosen_entries_and_k():
     assert refimpl.testing.count_optimizer_state(model.optimizer) == 2 * 6
 
 
+OPTIMIZERS = {
+    "adam": lambda: keras.optimizers.Adam(0.05, weight_decay=0.1),
+    "adamw": lambda: keras.optimizers.AdamW(0.05, weight_decay=0.5),
+    "nadam": lambda: keras.optimizers.Nadam(0.05, weight_decay=0.1),
+    "adamax": lambda: keras.optimizers.Adamax(0.05, weight_decay=0.1),
+    "lamb": lambda: keras.optimizers.Lamb(0.05, weight_decay=0.1),
+    "lion": lambda: keras.optimizers.Lion(0.01, weight_decay=0.1),
+    "sgd": lambda: keras.optimizers.SGD(0.1, momentum=0.9, weight_decay=0.1),
+    "rmsprop": lambda: keras.optimizers.RMSprop(0.01, momentum=0.5, weight_decay=0.1),
+    "adadelta": lambda: keras.optimizers.Adadelta(1.0, weight_decay=0.1),
+    "adagrad": lambda: keras.optimizers.Adagrad(0.1, weight_decay=0.1),
+    "ftrl": lambda: keras.optimizers.Ftrl(0.1, l2_regularization_strength=0.1),
+    "loss_scale": lambda: keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.Adam(0.05)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_never_chosen_entries_keep_their_bits_under_every_optimizer(name):
+    _, model = _model(optimizer=OPTIMIZERS[name]())
+    layer = model.get_layer("d")
+    base = _numpy(layer.base_weight)
+    masks = [layer.trainable_mask]
+
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            masks.append(self.model.get_layer("d").trainable_mask)
+
+    grow = refimpl.DropAndGrow((X, Y), every=2, fraction=0.5, batch_size=8)
+    model.fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[grow, Record()])
+    ever = np.logical_or.reduce(masks)
+    assert len(grow.history) == 4 and ever.sum() > 6
+    refimpl.testing.assert_frozen(base, layer.kernel, ever)
+    np.testing.assert_array_equal(_numpy(layer.base_weight), base)
+
+
 def test_stop_after_ends_the_updates():
     _, model = _model()
     grow = refimpl.DropAndGrow((X, Y), every=2, fraction=0.5, stop_after=4)
