@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import keras
 import numpy as np
 
-__all__ = ["describe", "normalize_shape", "variable_path"]
+__all__ = ["describe", "input_arrays", "normalize_shape", "variable_path"]
 
 
 def normalize_shape(shape, *, name: str = "shape") -> tuple[int, ...]:
@@ -111,3 +111,31 @@ def describe(value) -> str:
         except (TypeError, ValueError):
             text += f" and dtype {dtype}"
     return text
+
+
+def input_arrays(x, y, name: str, rows_error: str):
+    """A model's inputs and targets as NumPy arrays, with as many rows each.
+
+    ``x`` is an array, or a dict or list of arrays (a model with several
+    inputs, such as a keras-hub model); its structure is kept. ``name`` is
+    the argument named when ``x`` is not arrays, ``rows_error`` the message
+    (before the counts) when the rows differ.
+    """
+    several = isinstance(x, (list, tuple)) and len(x) > 0
+    if isinstance(x, dict) or (several and all(hasattr(a, "shape") for a in x)):
+        x = keras.tree.map_structure(np.asarray, x)
+    else:
+        try:
+            x = np.asarray(x)
+        except (TypeError, ValueError) as e:
+            raise TypeError(
+                f"`{name}` must hold an array, or a dict or list of arrays. "
+                f"Received: {name}={describe(x)}"
+            ) from e
+    y = np.asarray(y)
+    rows = {len(part) for part in keras.tree.flatten(x)}
+    if rows != {len(y)} or len(y) == 0:
+        raise ValueError(
+            f"{rows_error} Received: {', '.join(map(str, sorted(rows)))} and {len(y)}"
+        )
+    return x, y

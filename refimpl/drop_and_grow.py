@@ -43,6 +43,10 @@ import numpy as np
 
 from refimpl import _compat, backend
 from refimpl._checks import describe
+from refimpl._drop_and_grow_arguments import check_count as _check_count
+from refimpl._drop_and_grow_arguments import check_data as _check_data
+from refimpl._drop_and_grow_arguments import check_fraction as _check_fraction
+from refimpl._drop_and_grow_arguments import loss_of as _loss_of
 from refimpl._optimizer_state import check_optimizer as _check_optimizer
 from refimpl._optimizer_state import slots as _slots
 from refimpl.layers.partial import PartialWeightMixin
@@ -81,66 +85,6 @@ def _scores(model, layers, data, loss, batches, batch_size, start):
             if grad is not None:
                 total += np.square(grad, dtype=np.float64)
     return totals
-
-
-def _check_fraction(fraction) -> float:
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
-        raise TypeError(
-            "`fraction` must be a number in (0, 1). "
-            f"Received: fraction={describe(fraction)}"
-        )
-    if not 0 < fraction < 1:
-        raise ValueError(
-            "`fraction` must be in (0, 1): the share of each layer's free entries "
-            f"that is dropped and grown. Received: fraction={fraction!r}"
-        )
-    return float(fraction)
-
-
-def _check_count(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(
-            f"`{name}` must be an int of at least 1. Received: {name}={describe(value)}"
-        )
-    return int(value)
-
-
-def _check_data(data):
-    if not isinstance(data, (tuple, list)) or len(data) != 2:
-        raise TypeError(
-            "`data` must be a tuple (x, y) of probe inputs and targets, from which "
-            f"the growth score is computed. Received: data={describe(data)}"
-        )
-    x, y = data
-    if isinstance(x, dict):
-        x = {k: np.asarray(v) for k, v in x.items()}
-    elif isinstance(x, (list, tuple)):
-        x = [np.asarray(v) for v in x]
-    else:
-        x = np.asarray(x)
-    y = np.asarray(y)
-    rows = {len(a) for a in keras.tree.flatten(x)}
-    if rows != {len(y)} or len(y) == 0:
-        raise ValueError(
-            "`data` must hold as many rows of x as of y, at least one. Received: "
-            f"{', '.join(map(str, sorted(rows)))} and {len(y)}"
-        )
-    return x, y
-
-
-def _loss_of(model, loss):
-    loss = loss if loss is not None else getattr(model, "loss", None)
-    if loss is None:
-        raise ValueError(
-            "`loss` is needed for the growth score: pass it, or compile the model "
-            "with a loss. Received: loss=None"
-        )
-    if isinstance(loss, (dict, list, tuple)):
-        raise ValueError(
-            "`loss` must be one loss for the model's output: pass it explicitly "
-            f"for a model with several outputs. Received: loss={describe(loss)}"
-        )
-    return keras.losses.get(loss)
 
 
 def regrow(model, data, *, fraction, loss=None, batches=1, batch_size=32, start=0):
@@ -199,6 +143,11 @@ def _require_layers(model):
     return layers
 
 
+def _fresh(kind, values):
+    """A grown entry's fresh optimizer state: zero, a constant, or its value."""
+    return values if kind == "value" else (0.0 if kind == "zero" else kind)
+
+
 def _swap(layer, score, fraction, optimizer) -> dict:
     positions = np.asarray(backend.read_now(layer.partial_positions)).astype(np.int64)
     base = np.asarray(keras.ops.convert_to_numpy(layer.base_weight)).reshape(-1)
@@ -225,9 +174,7 @@ def _swap(layer, score, fraction, optimizer) -> dict:
         free[grown] = base[grown]
         for state, fresh in states:
             value = np.asarray(keras.ops.convert_to_numpy(state)).reshape(-1).copy()
-            value[grown] = (
-                base[grown] if fresh == "value" else (0.0 if fresh == "zero" else fresh)
-            )
+            value[grown] = _fresh(fresh, base[grown])
             state.assign(value.reshape(tuple(state.shape)))
         layer.partial_free.assign(free.reshape(tuple(layer.partial_free.shape)))
     else:
@@ -235,9 +182,7 @@ def _swap(layer, score, fraction, optimizer) -> dict:
         free[drop] = base[grown]
         for state, fresh in states:
             value = np.asarray(keras.ops.convert_to_numpy(state)).copy()
-            value[drop] = (
-                base[grown] if fresh == "value" else (0.0 if fresh == "zero" else fresh)
-            )
+            value[drop] = _fresh(fresh, base[grown])
             state.assign(value[order])
         layer.partial_free.assign(free[order])
     layer.partial_positions.assign(

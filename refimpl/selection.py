@@ -23,7 +23,7 @@ import keras
 import numpy as np
 
 from refimpl import backend
-from refimpl._checks import describe, normalize_shape
+from refimpl._checks import describe, input_arrays, normalize_shape
 from refimpl.masks import as_array
 
 __all__ = [
@@ -112,13 +112,9 @@ def fisher_scores(model, x, y, *, loss, batch_size: int = 32, batches: int = 4):
                 f"`{name}` must be a positive int. Received: {name}={describe(value)}"
             )
     loss_fn = keras.losses.get(loss)
-    x, y = _rows(x, "x"), np.asarray(y)
-    rows = {len(part) for part in keras.tree.flatten(x)}
-    if rows != {len(y)} or len(y) == 0:
-        raise ValueError(
-            "`x` and `y` must hold the same number of rows, at least one. "
-            f"Received: {', '.join(map(str, sorted(rows)))} and {len(y)}"
-        )
+    x, y = input_arrays(
+        x, y, "x", "`x` and `y` must hold the same number of rows, at least one."
+    )
     variables = model.trainable_variables
     totals = [np.zeros(tuple(v.shape), np.float64) for v in variables]
     for start in range(0, min(len(y), batches * batch_size), batch_size):
@@ -134,20 +130,6 @@ def fisher_scores(model, x, y, *, loss, batch_size: int = 32, batches: int = 4):
             if grad is not None:
                 total += np.square(grad, dtype=np.float64)
     return {v.path: total for v, total in zip(variables, totals, strict=True)}
-
-
-def _rows(x, name: str):
-    """``x`` as NumPy arrays, keeping a dict or list of inputs as it is."""
-    several = isinstance(x, (list, tuple)) and len(x) > 0
-    if isinstance(x, dict) or (several and all(hasattr(a, "shape") for a in x)):
-        return keras.tree.map_structure(np.asarray, x)
-    try:
-        return np.asarray(x)
-    except (TypeError, ValueError) as e:
-        raise TypeError(
-            f"`{name}` must be an array, or a dict or list of arrays. "
-            f"Received: {name}={describe(x)}"
-        ) from e
 
 
 def fisher_mask(scores, *, k=None, fraction=None) -> np.ndarray:

@@ -38,6 +38,17 @@ def _model(mode="delta", k=6, optimizer=None):
     return plain, model
 
 
+class _Record(keras.callbacks.Callback):
+    """Appends layer ``d``'s mask to ``masks`` after every step."""
+
+    def __init__(self, masks):
+        super().__init__()
+        self.masks = masks
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.masks.append(self.model.get_layer("d").trainable_mask)
+
+
 def _state(model, name):
     layer = model.get_layer("d")
     index = model.optimizer._get_variable_index(layer.partial_free)
@@ -113,12 +124,10 @@ def test_fit_with_the_callback_keeps_never_chosen_entries_and_k():
     base = _numpy(layer.base_weight)
     chosen = [layer.trainable_mask]
 
-    class Record(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            chosen.append(self.model.get_layer("d").trainable_mask)
-
     grow = refimpl.DropAndGrow((X, Y), every=3, fraction=0.34, batch_size=8)
-    model.fit(X, Y, batch_size=8, epochs=3, verbose=0, callbacks=[grow, Record()])
+    model.fit(
+        X, Y, batch_size=8, epochs=3, verbose=0, callbacks=[grow, _Record(chosen)]
+    )
     assert [h["step"] for h in grow.history] == [3, 6, 9, 12]
     [record] = refimpl.convert.partial_layers(model)
     assert all(h[record["path"]] == 2 for h in grow.history)
@@ -156,12 +165,8 @@ def test_never_chosen_entries_keep_their_bits_under_every_optimizer(name):
     base = _numpy(layer.base_weight)
     masks = [layer.trainable_mask]
 
-    class Record(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            masks.append(self.model.get_layer("d").trainable_mask)
-
     grow = refimpl.DropAndGrow((X, Y), every=2, fraction=0.5, batch_size=8)
-    model.fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[grow, Record()])
+    model.fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[grow, _Record(masks)])
     ever = np.logical_or.reduce(masks)
     assert len(grow.history) == 4 and ever.sum() > 6
     refimpl.testing.assert_frozen(base, layer.kernel, ever)
