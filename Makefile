@@ -5,6 +5,7 @@
 #                 again under JAX (and PyTorch if installed), notebooks, strict
 #                 build, the book in a browser
 #   make backends the Keras-level tests under JAX, and under PyTorch if installed
+#   make distribution  keras.distribution tests on 8 simulated JAX devices
 #   make browser  build the book and check it in headless Chromium, offline
 #   make execute  re-run every notebook in place after editing it
 #   make bench    run the benchmarks and rewrite evidence/benchmarks/results/
@@ -20,7 +21,7 @@ export TF_CPP_MIN_LOG_LEVEL := 3
 export PYTHONHASHSEED := 0
 
 .PHONY: book check test lint unit fast notebooks check-book build-book execute bench clean
-.PHONY: browser backends
+.PHONY: browser backends distribution
 
 # MathJax for the book, served from the build (no CDN): tools/install_mathjax.py
 # fetches the pinned npm package into the git-ignored _mathjax/.
@@ -66,11 +67,19 @@ unit: $(STAMP)
 # other backends; TensorFlow runs them in `unit`.
 backends: $(STAMP)
 	KERAS_BACKEND=jax $(BIN)/python -m pytest -q -m every_backend tests --doctest-modules refimpl
+	$(MAKE) distribution
 	@if $(BIN)/python -c "import torch" 2>/dev/null; then \
 	  KERAS_BACKEND=torch $(BIN)/python -m pytest -q -m every_backend tests --doctest-modules refimpl; \
 	else \
 	  echo "backends: PyTorch is not installed, so the torch backend was not tested (pip install torch to test it)"; \
 	fi
+
+# keras.distribution on 8 simulated JAX devices: a mesh fixes its devices when
+# JAX starts, so these tests run in a process of their own.
+distribution: $(STAMP)
+	KERAS_BACKEND=jax XLA_FLAGS=--xla_force_host_platform_device_count=8 \
+	  REFIMPL_DISTRIBUTION_TESTS=required \
+	  $(BIN)/python -m pytest -q tests/test_keras_distribution.py
 
 fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests --doctest-modules refimpl evidence

@@ -36,6 +36,7 @@ __all__ = [
     "require_loaded",
     "sub_layers",
     "unlocked",
+    "variable_layout",
 ]
 
 #: The oldest Keras release refimpl is tested on (``pyproject.toml`` says the same).
@@ -93,6 +94,16 @@ def _functional():
 Functional = _private("keras.src.models.functional.Functional", _functional)
 for _name in ("_flatten_layers",):
     _private(f"Layer.{_name}", lambda n=_name: getattr(keras.layers.Layer, n))
+
+
+def variable_layout(variable):
+    """The ``keras.distribution.TensorLayout`` a variable was created with, or ``None``.
+
+    Keras keeps it as ``Variable._layout`` and reads it the same way when an
+    optimizer lays out its slots like their variable
+    (``add_variable_from_reference``); there is no public accessor.
+    """
+    return getattr(variable, "_layout", None)
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from refimpl import _compat, backend
+from refimpl import _compat, _layouts, backend
 from refimpl.layers._pieces import (
     _count,
     _is_partial_weight,
@@ -72,8 +72,12 @@ class PartialWeightMixin:
         positions = self.partial_positions
         if self._partial_mode == "select":
             mask = self._partial_select(positions)
-            return compose(value, positions.value, free.value, mode="select", mask=mask)
-        return compose(value, positions.value, free.value)
+            value = compose(
+                value, positions.value, free.value, mode="select", mask=mask
+            )
+        else:
+            value = compose(value, positions.value, free.value)
+        return _layouts.constrained(value, self._partial_base())
 
     def _partial_base(self):
         if self._partial_attributes.get(self._partial_target, False):
@@ -104,7 +108,10 @@ class PartialWeightMixin:
             start_free = _constant(
                 flat if mode == "select" else flat.ravel()[positions]
             )
-        with _compat.unlocked(self):
+        with (
+            _compat.unlocked(self),
+            _layouts.partial_weights(self, base, select=mode == "select"),
+        ):
             self.partial_free = self.add_weight(
                 name="partial_free",
                 shape=shape if mode == "select" else (num_free,),
