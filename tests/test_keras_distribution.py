@@ -21,6 +21,7 @@ mesh, by rows, by columns and by both:
 from __future__ import annotations
 
 import os
+import re
 
 import keras
 import numpy as np
@@ -28,6 +29,7 @@ import pytest
 
 import refimpl
 from refimpl import selection
+from refimpl.layers.partial import PartialWeightMixin
 from refimpl.testing import assert_frozen
 
 pytestmark = pytest.mark.every_backend
@@ -274,3 +276,142 @@ def test_select_form_lays_the_free_tensor_out_like_its_base():
         assert spec(layer.partial_free) == spec(layer.base_weight)
     with distribution.scope():
         np.testing.assert_array_equal(_numpy(converted(X)), _numpy(plain(X)))
+
+
+# -- every converted layer type, and a keras-hub backbone --------------------------
+def _layer_cases():
+    from tests import test_partial_layers as layers
+    from tests import test_recurrent_and_separable as recurrent
+
+    def one(name):
+        model, x, _ = layers._setup(name)
+        return (
+            model,
+            x,
+            {"target": lambda w: selection.random_mask(w.shape, fraction=0.3, seed=3)},
+        )
+
+    cases = {name: (lambda n=name: one(n)) for name in layers.MODELS}
+    cases["rnn_cells_and_separable"] = lambda: (
+        recurrent._model(),
+        recurrent.X,
+        recurrent.MASKS,
+    )
+    return cases
+
+
+LAYER_CASES = _layer_cases()
+
+
+def _partial(model):
+    return [
+        layer
+        for layer in refimpl._compat.sub_layers(model)
+        if isinstance(layer, PartialWeightMixin)
+    ]
+
+
+def _outputs(model, x):
+    out = model(x)
+    return [_numpy(o) for o in (out if isinstance(out, (list, tuple)) else [out])]
+
+
+# The part of a weight's path that names it in any copy of the model: a
+# Sequential's name (`sequential_1/`) differs from copy to copy, and Keras
+# rebuilds a Bidirectional's layers from its config (in `clone_model` and
+# `load_model` alike) without its name in their paths (`bi/forward_gru/...`
+# becomes `forward_gru/...`).
+def _stable(model, path):
+    return path.removeprefix(model.name + "/").removeprefix("bi/")
+
+
+def _shard_one_even_axis(model) -> dict:
+    """A layout map entry per kernel: its first even axis over "model"."""
+    entries = {}
+    for variable in model.weights:
+        even = [i for i, d in enumerate(variable.shape) if d % 2 == 0]
+        if len(variable.shape) >= 2 and even:
+            axes = [None] * len(variable.shape)
+            axes[even[0]] = "model"
+            key = "(.*/)?" + re.escape(_stable(model, variable.path))
+            entries[key] = tuple(axes)
+    return entries
+
+
+def _stable_layouts(model):
+    return {_stable(model, path): axes for path, axes in layouts(model).items()}
+
+
+@pytest.mark.parametrize("name", LAYER_CASES)
+def test_every_converted_layer_type_keeps_its_layout_and_its_outputs(name):
+    probe, _, _ = LAYER_CASES[name]()
+    entries = _shard_one_even_axis(probe)
+    distribution = _model_parallel(_mesh((4, 2), ["batch", "model"]), entries)
+    with distribution.scope():
+        plain, x, masks = LAYER_CASES[name]()
+        converted = refimpl.partialize(plain, masks)
+    assert any(spec(v) != (None,) * len(v.shape) for v in plain.weights)
+    plain_layouts = _stable_layouts(plain)
+    after = _stable_layouts(converted)
+    assert {p: a for p, a in after.items() if p in plain_layouts} == plain_layouts
+    partial = _partial(converted)
+    assert partial
+    start = []
+    for layer in partial:
+        composed = getattr(layer, layer._partial_target)
+        assert spec(composed) == spec(layer.base_weight), layer.path
+        start.append((_numpy(composed), layer.trainable_mask))
+    with distribution.scope():
+        for a, b in zip(_outputs(converted, x), _outputs(plain, x)):
+            np.testing.assert_array_equal(a, b)
+        converted.compile(optimizer="adam", loss="mse")
+        targets = [np.ones_like(o) for o in _outputs(plain, x)]
+        converted.fit(x, targets, batch_size=len(x), epochs=2, verbose=0)
+    for layer, (before, mask) in zip(partial, start):
+        assert_frozen(before, _numpy(getattr(layer, layer._partial_target)), mask)
+
+
+def test_a_keras_hub_backbone_under_its_own_layout_map(tmp_path):
+    import keras_hub
+
+    mesh = _mesh((2, 4), ["batch", "model"])
+    layout_map = keras_hub.models.GemmaBackbone.get_layout_map(mesh)
+    distribution = dist.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
+    policy = lambda w: selection.random_mask(w.shape, fraction=0.05, seed=0)  # noqa: E731
+    tokens = np.random.default_rng(0).integers(0, 64, size=(4, 8)).astype("int32")
+    x = {"token_ids": tokens, "padding_mask": np.ones_like(tokens)}
+    with distribution.scope():
+        keras.utils.set_random_seed(0)
+        backbone = keras_hub.models.GemmaBackbone(
+            vocabulary_size=64,
+            num_layers=2,
+            num_query_heads=4,
+            num_key_value_heads=4,
+            hidden_dim=32,
+            intermediate_dim=64,
+            head_dim=8,
+        )
+        converted = refimpl.partialize(
+            backbone,
+            {"token_embedding": policy, "query": policy, "ffw_gating": policy},
+        )
+        np.testing.assert_array_equal(_numpy(converted(x)), _numpy(backbone(x)))
+    plain_layouts = layouts(backbone)
+    assert {p: a for p, a in layouts(converted).items() if p in plain_layouts} == (
+        plain_layouts
+    )
+    partial = _partial(converted)
+    assert len(partial) == 1 + 2 * 2  # the embedding; query and gating per block
+    for layer in partial:
+        assert spec(getattr(layer, layer._partial_target)) == spec(layer.base_weight)
+        assert spec(layer.partial_free) == (None,)
+    assert spec(converted.get_layer("token_embedding").base_weight) == (
+        "model",
+        "batch",
+    )
+    path = tmp_path / "gemma.keras"
+    converted.save(path)
+    with distribution.scope():
+        loaded = keras.saving.load_model(path)
+        np.testing.assert_array_equal(_numpy(loaded(x)), _numpy(converted(x)))
+    assert layouts(loaded) == layouts(converted)
