@@ -32,6 +32,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+import refimpl
 from evidence import registry
 
 #: The techniques :func:`train` knows: every exact technique of the registry
@@ -41,6 +42,10 @@ TECHNIQUES: tuple[registry.Technique, ...] = tuple(
 )
 #: Those that also train with ``model.fit``.
 FIT: tuple[registry.Technique, ...] = tuple(t for t in TECHNIQUES if t.fit)
+#: ``refimpl.partialize`` of a plain ``Dense`` model, trained with ``model.fit``
+#: as a user trains a converted model (:func:`train_partialized`); saved
+#: under ``"partialize_fit"``.
+PARTIALIZE = registry.get("partialize")
 STEPS = 20
 _ROWS = 32
 
@@ -121,6 +126,21 @@ def _fit(technique, strategy, data, steps):
         layer, wrap = technique.fit(data["initial"], data["mask"])
         model = keras.Sequential([keras.Input((4,)), layer])
         model.compile(optimizer=wrap(_optimizer()), loss="mse")
+    return _fit_model(model, layer, data, steps)
+
+
+def _partialized(strategy, data, steps):
+    # Built, converted and compiled in the scope, as for any Keras model.
+    with strategy.scope():
+        start = keras.initializers.Constant(data["initial"])
+        dense = keras.layers.Dense(4, use_bias=False, kernel_initializer=start)
+        plain = keras.Sequential([keras.Input((4,)), dense])
+        model = refimpl.partialize(plain, {dense.name: data["mask"]})
+        model.compile(optimizer=_optimizer(), loss="mse")
+    return _fit_model(model, model.layers[-1], data, steps)
+
+
+def _fit_model(model, layer, data, steps):
     dataset = tf.data.Dataset.from_tensor_slices((data["x"], data["y"]))
     model.fit(
         dataset.batch(_ROWS).repeat(), steps_per_epoch=steps, shuffle=False, verbose=0
@@ -154,10 +174,7 @@ def train(technique, strategy, *, fit: bool = False, steps: int = STEPS):
             f"{' (with fit=True)' if fit else ''}. Received: technique={technique!r}"
         )
     run = _fit if fit else _custom_loop
-    kernel = run(record, strategy, problem(record), steps)
-    per_replica = strategy.run(tf.function(lambda: tf.identity(kernel())))
-    local = strategy.experimental_local_results(per_replica)
-    return np.stack([keras.ops.convert_to_numpy(k) for k in local])
+    return _local(strategy, run(record, strategy, problem(record), steps))
 
 
 def free_ports(count: int) -> list[int]:
@@ -235,6 +252,22 @@ def launch(out_dir: str, *, workers: int = 2, timeout: float = 120) -> list[dict
     return results
 
 
+def train_partialized(strategy, *, steps: int = STEPS):
+    """``refimpl.partialize`` a plain ``Dense`` model and ``fit`` it under ``strategy``.
+
+    The problem, the mask and the optimizer are those of :func:`train`'s
+    ``"partialize"`` technique; the result has the same form.
+    """
+    kernel = _partialized(strategy, problem(PARTIALIZE), steps)
+    return _local(strategy, kernel)
+
+
+def _local(strategy, kernel):
+    per_replica = strategy.run(tf.function(lambda: tf.identity(kernel())))
+    local = strategy.experimental_local_results(per_replica)
+    return np.stack([keras.ops.convert_to_numpy(k) for k in local])
+
+
 def _train_all(strategy) -> dict:
     """Every technique with a custom loop, and with ``model.fit`` where it has one.
 
@@ -243,12 +276,14 @@ def _train_all(strategy) -> dict:
     ``"<id>_fit_error"`` instead of the kernels.
     """
     results = {t.id: train(t, strategy) for t in TECHNIQUES}
-    for t in FIT:
+    fits = {f"{t.id}_fit": lambda t=t: train(t, strategy, fit=True) for t in FIT}
+    fits["partialize_fit"] = lambda: train_partialized(strategy)
+    for key, run in fits.items():
         try:
-            results[f"{t.id}_fit"] = train(t, strategy, fit=True)
+            results[key] = run()
         except Exception as err:  # noqa: BLE001 - reported, not hidden
             first_line = (str(err).splitlines() or [""])[0]
-            results[f"{t.id}_fit_error"] = f"{type(err).__name__}: {first_line}"
+            results[f"{key}_error"] = f"{type(err).__name__}: {first_line}"
     return results
 
 

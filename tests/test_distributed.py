@@ -32,7 +32,7 @@ TIMEOUT_S = 120
 RTOL, ATOL = 1e-5, 1e-6
 
 CUSTOM_LOOP = [t.id for t in distributed.TECHNIQUES]
-FIT = [f"{t.id}_fit" for t in distributed.FIT]
+FIT = [f"{t.id}_fit" for t in distributed.FIT] + ["partialize_fit"]
 
 
 def _start_and_mask(key: str) -> tuple[np.ndarray, np.ndarray]:
