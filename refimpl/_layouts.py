@@ -55,9 +55,9 @@ def named_layout(distribution, path):
     return layout
 
 
-def _check(layout, variable, layer_name, mesh):
+def _check(layout, path, shape, layer_name, mesh):
     axes = tuple(layout.axes)
-    shape = tuple(variable.shape)
+    name = path.rpartition("/")[2]
     sizes = dict(zip(mesh.axis_names, mesh.shape))
     fits = len(axes) == len(shape)
     for axis, dim in zip(axes, shape):
@@ -65,8 +65,8 @@ def _check(layout, variable, layer_name, mesh):
         fits = fits and dim % math.prod(sizes.get(n, 1) for n in names) == 0
     if not fits:
         raise ValueError(
-            f"The LayoutMap entry for {variable.path!r} gives the layout "
-            f"{axes} on the mesh {sizes}; `{variable.name}` of layer "
+            f"The LayoutMap entry for {path!r} gives the layout "
+            f"{axes} on the mesh {sizes}; `{name}` of layer "
             f"{layer_name!r} has the shape {shape}. Expected a layout of "
             f"{len(shape)} axes whose mesh sizes divide the dimensions they "
             "shard, or no entry (replicated)."
@@ -99,13 +99,34 @@ class _PartialWeights(keras.distribution.ModelParallel):
         mesh = self._outer.device_mesh
         layout = named_layout(self._outer, variable.path)
         if layout is not None:
-            return _check(layout, variable, self._layer.name, mesh)
+            shape = tuple(variable.shape)
+            return _check(layout, variable.path, shape, self._layer.name, mesh)
         if self._select and variable.name == "partial_free":
             base = _compat.variable_layout(self._base)
             if base is not None:
                 return base
         axes = [None] * len(variable.shape)
         return keras.distribution.TensorLayout(axes, mesh)
+
+
+def check_named(layer, base, num_free: int, *, select: bool) -> None:
+    """Refuse, before any conversion, a named layout that will not fit.
+
+    Raises:
+        ValueError: as :func:`partial_weights` would, for the same entry.
+    """
+    outer = keras.distribution.distribution()
+    if outer is None:
+        return
+    head = layer.path or layer.name
+    shapes = {
+        "partial_free": tuple(base.shape) if select else (num_free,),
+        "partial_positions": (num_free,),
+    }
+    for name, shape in shapes.items():
+        layout = named_layout(outer, f"{head}/{name}")
+        if layout is not None:
+            _check(layout, f"{head}/{name}", shape, layer.name, outer.device_mesh)
 
 
 @contextlib.contextmanager

@@ -8,7 +8,8 @@ import numpy as np
 from refimpl import _compat
 from refimpl._checks import describe
 from refimpl._keys import match_keys, policy_mask, resolve, where
-from refimpl.layers.enable import enable_partial
+from refimpl.layers.classes import target_weight
+from refimpl.layers.enable import check_layout, enable_partial
 from refimpl.layers.hosts import is_container, mark_hosts, unmark_hosts
 from refimpl.layers.partial import PartialWeightMixin
 from refimpl.ops import check_mode
@@ -76,6 +77,16 @@ def partialize(
     path picks the other weight of a layer with two
     (``"lstm/recurrent_kernel"``, ``"sep/pointwise_kernel"``).
 
+    On many devices, convert (and compile) inside the scope of the
+    distribution, as Keras builds any model. Under ``keras.distribution``
+    (``DataParallel``, ``ModelParallel``) each base weight keeps its path,
+    so a ``LayoutMap`` written for the plain model lays it out as before; the
+    composed weight takes its base's layout, so the outputs keep their bits;
+    ``partial_free`` and ``partial_positions`` are replicated unless a
+    ``LayoutMap`` key names them (``".*/partial_free": ("model",)``), which
+    must be 1-D and divide their count. Under ``tf.distribute`` strategies
+    the converted model trains with ``fit`` exactly.
+
     Returns:
         The converted model (``model`` itself with ``in_place=True``). Compile
         it before training.
@@ -86,7 +97,8 @@ def partialize(
             chosen layer of a type this cannot convert (the message names the
             layer and its type).
         ValueError: for a model that is not built, or a key that names no
-            layer or weight of the model, or a mask that does not fit.
+            layer or weight of the model, or a mask that does not fit, or a
+            ``LayoutMap`` entry named for a partial weight that does not fit it.
     """
     _check_model(model, "partialize", allow_subclassed=in_place)
     if not isinstance(layer_masks, dict):
@@ -110,6 +122,8 @@ def partialize(
         (layer, weight, policy_mask(layer, mask, f"layer_masks[{key!r}]", weight))
         for key, layer, weight, mask in resolve(model, layer_masks)
     ]
+    for layer, weight, mask in chosen:
+        check_layout(layer, target_weight(layer, weight), mask, mode)
     target = model if in_place else _copy(model, "partialize")
     if target is not model:
         # The copy has the same layers in the same order, at every depth.

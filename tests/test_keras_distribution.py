@@ -264,8 +264,10 @@ def test_a_named_layout_that_does_not_fit_is_refused(axes, count):
     mask.flat[np.flatnonzero(mask)[count:]] = False
     with distribution.scope():
         plain = _plain()
+        masks = {"d2": MASKS["d2"], "d1": mask}  # d2 first: nothing is converted
         with pytest.raises(ValueError, match="LayoutMap entry for 'd1/partial_free'"):
-            refimpl.partialize(plain, {"d1": mask})
+            refimpl.partialize(plain, masks, in_place=True)
+    assert not _partial(plain)
 
 
 def test_select_form_lays_the_free_tensor_out_like_its_base():

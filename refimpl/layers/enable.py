@@ -9,6 +9,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
+from refimpl import _layouts
 from refimpl._checks import describe
 from refimpl.layers._pieces import _ELEMENTWISE_REGULARIZERS, _check_constraint
 from refimpl.layers.classes import (
@@ -23,7 +24,7 @@ from refimpl.layers.classes import (
 from refimpl.layers.dense import PartialDense
 from refimpl.layers.partial import PartialWeightMixin
 from refimpl.masks import to_mask
-from refimpl.ops import check_mode
+from refimpl.ops import check_mode, mode_for
 
 __all__ = [
     "PARTIAL_CLASSES",
@@ -109,10 +110,19 @@ def enable_partial(
         )
     _check_constraint(base.constraint, layer.name)
     bool_mask = to_mask(mask, tuple(base.shape), name="mask")
+    check_layout(layer, base, bool_mask, mode)
     layer.__class__ = partial_class(plain)
     layer._partial_target = weight
     positions = np.flatnonzero(bool_mask)
     layer._partial_add_weights(len(positions), positions, mode, False)
+
+
+def check_layout(layer, base, mask, mode) -> None:
+    """Refuse a ``LayoutMap`` entry named for a partial weight that cannot fit it."""
+    num_free = int(np.count_nonzero(mask))
+    if mode == "auto":
+        mode = mode_for(num_free, tuple(base.shape), jit_compile=False)
+    _layouts.check_named(layer, base, num_free, select=mode == "select")
 
 
 def make_shell(

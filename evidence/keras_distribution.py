@@ -1,0 +1,206 @@
+"""A converted model under ``keras.distribution``, on 8 simulated JAX devices.
+
+``python -m evidence.keras_distribution OUT.json`` (JAX backend; it sets the
+8 host devices itself, before JAX starts) writes what the distributed
+chapter shows:
+
+* ``"layouts"``: for each distribution, the sharding of every weight of a
+  converted two-layer model, of its composed kernels, and whether its direct
+  calls, ``predict`` and ``fit`` give the plain model's results (bit for bit;
+  frozen entries kept; one device's result to rounding);
+* ``"memory"``: the bytes each device holds for the variables and Adam's
+  state of a 512 → 2048 → 512 block sharded as in Megatron-style model
+  parallelism (the first kernel by columns, the second by rows), for full
+  fine-tuning and for partial models at several densities, with the free
+  values replicated or sharded by a ``LayoutMap`` key that names them.
+
+The tests in ``tests/test_keras_distribution.py`` check the same promises on
+every converted layer type.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+DEVICES = 8
+
+
+def _setup():
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+    flag = f"--xla_force_host_platform_device_count={DEVICES}"
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+
+
+def _spec(tensor) -> list:
+    value = getattr(tensor, "value", tensor)
+    axes = list(value.sharding.spec)
+    return axes + [None] * (len(value.shape) - len(axes))
+
+
+def _bytes_per_device(variables) -> int:
+    """The most bytes any one device holds of ``variables``."""
+    held: dict = {}
+    for variable in variables:
+        for shard in variable.value.addressable_shards:
+            held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
+    return max(held.values())
+
+
+def _distributions(keras):
+    dist = keras.distribution
+    devices = dist.list_devices()
+    square = dist.DeviceMesh((2, 4), ["batch", "model"], devices)
+    flat = dist.DeviceMesh((8,), ["model"], devices)
+
+    def model_parallel(mesh, layouts, batch="batch"):
+        layout_map = dist.LayoutMap(mesh)
+        for key, axes in layouts.items():
+            layout_map[key] = axes
+        return dist.ModelParallel(layout_map=layout_map, batch_dim_name=batch)
+
+    return {
+        "DataParallel (8)": dist.DataParallel(devices=devices),
+        "ModelParallel 2×4, columns then rows": model_parallel(
+            square, {"d1/kernel": (None, "model"), "d2/kernel": ("model", None)}
+        ),
+        "ModelParallel 8, rows then columns": model_parallel(
+            flat, {"d1/kernel": ("model", None), "d2/kernel": (None, "model")}, "model"
+        ),
+        "ModelParallel 2×4, both axes": model_parallel(
+            square, {"d1/kernel": ("batch", "model"), "d2/kernel": ("model", "batch")}
+        ),
+    }
+
+
+def _layouts(keras, np, refimpl):
+    from refimpl import selection
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 16)).astype("float32")
+    y = rng.normal(size=(32, 8)).astype("float32")
+    masks = {
+        "d1": selection.random_mask((16, 32), fraction=0.125, seed=1),
+        "d2": selection.random_mask((32, 8), fraction=0.125, seed=2),
+    }
+
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((16,))
+        hidden = keras.layers.Dense(32, activation="relu", name="d1")(inputs)
+        plain = keras.Model(inputs, keras.layers.Dense(8, name="d2")(hidden))
+        return plain, refimpl.partialize(plain, masks)
+
+    def fit(model):
+        model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
+        model.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0)
+        return {n: keras.ops.convert_to_numpy(model.get_layer(n).kernel) for n in masks}
+
+    one_device = fit(build()[1])
+    results = {}
+    for name, distribution in _distributions(keras).items():
+        with distribution.scope():
+            plain, converted = build()
+            direct = np.array_equal(converted(x), plain(x))
+            predict = np.array_equal(
+                converted.predict(x, batch_size=16, verbose=0),
+                plain.predict(x, batch_size=16, verbose=0),
+            )
+            start = {
+                n: keras.ops.convert_to_numpy(converted.get_layer(n).kernel)
+                for n in masks
+            }
+            trained = fit(converted)
+        results[name] = {
+            "weights": {v.path: _spec(v) for v in converted.weights},
+            "composed": {n: _spec(converted.get_layer(n).kernel) for n in masks},
+            "direct_bit_identical": bool(direct),
+            "predict_bit_identical": bool(predict),
+            "frozen_moved": int(
+                sum((start[n] != trained[n])[~masks[n]].sum() for n in masks)
+            ),
+            "max_difference_from_one_device": float(
+                max(np.abs(trained[n] - one_device[n]).max() for n in masks)
+            ),
+        }
+    return results
+
+
+def _memory(keras, np, refimpl):
+    from refimpl import selection
+
+    dist = keras.distribution
+    mesh = dist.DeviceMesh((2, 4), ["batch", "model"], dist.list_devices())
+    kernels = {"up/kernel": (None, "model"), "down/kernel": ("model", None)}
+
+    def block(distribution, density=None):
+        with distribution.scope():
+            keras.utils.set_random_seed(0)
+            inputs = keras.Input((512,))
+            hidden = keras.layers.Dense(2048, name="up")(inputs)
+            model = keras.Model(inputs, keras.layers.Dense(512, name="down")(hidden))
+            if density is not None:
+                # A count the 4 devices of the "model" axis divide, so that
+                # the free values can also be sharded.
+                k = 4 * round(density * 512 * 2048 / 4)
+                masks = {
+                    name: selection.random_mask(shape, k=k, seed=i)
+                    for i, (name, shape) in enumerate(
+                        [("up", (512, 2048)), ("down", (2048, 512))]
+                    )
+                }
+                model = refimpl.partialize(model, masks)
+            optimizer = keras.optimizers.Adam()
+            optimizer.build(model.trainable_variables)
+        return {
+            "variables": _bytes_per_device(model.weights),
+            "optimizer": _bytes_per_device(optimizer.variables),
+            "values_trained": int(
+                sum(np.prod(v.shape) for v in model.trainable_variables)
+            ),
+        }
+
+    def distribution(shard_free):
+        layout_map = dist.LayoutMap(mesh)
+        for key, axes in kernels.items():
+            layout_map[key] = axes
+        if shard_free:
+            layout_map[".*/partial_free"] = ("model",)
+        return dist.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
+
+    rows = [{"model": "full fine-tuning", **block(distribution(False))}]
+    for density in (0.01, 0.0625, 0.25):
+        for shard_free in (False, True):
+            where = "sharded by 'model'" if shard_free else "replicated"
+            rows.append(
+                {
+                    "model": f"partial {density:.2%}, free values {where}",
+                    "density": density,
+                    **block(distribution(shard_free), density),
+                }
+            )
+    return {"model_axis": 4, "rows": rows}
+
+
+def main(argv: list[str]) -> int:
+    """Write the layouts and the memory per device to ``argv[0]`` (JSON)."""
+    _setup()
+    import keras
+    import numpy as np
+
+    import refimpl
+
+    keras.config.disable_interactive_logging()
+    results = {
+        "devices": len(keras.distribution.list_devices()),
+        "layouts": _layouts(keras, np, refimpl),
+        "memory": _memory(keras, np, refimpl),
+    }
+    with open(argv[0], "w") as out:
+        json.dump(results, out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
