@@ -8,6 +8,9 @@ chapter shows:
   converted two-layer model, of its composed kernels, and whether its direct
   calls, ``predict`` and ``fit`` give the plain model's results (bit for bit;
   frozen entries kept; one device's result to rounding);
+* ``"rules"``: what three ``LayoutMap`` keys do to a layer's partial weights
+  (a key for every weight of the layer, a key that names them, and one that
+  names them with a count its axis does not divide);
 * ``"memory"``: the bytes each device holds for the variables and Adam's
   state of a 512 → 2048 → 512 block sharded as in Megatron-style model
   parallelism (the first kernel by columns, the second by rows), for full
@@ -61,7 +64,7 @@ def _distributions(keras):
         return dist.ModelParallel(layout_map=layout_map, batch_dim_name=batch)
 
     return {
-        "DataParallel (8)": dist.DataParallel(devices=devices),
+        "DataParallel 8": dist.DataParallel(devices=devices),
         "ModelParallel 2×4, columns then rows": model_parallel(
             square, {"d1/kernel": (None, "model"), "d2/kernel": ("model", None)}
         ),
@@ -113,6 +116,11 @@ def _layouts(keras, np, refimpl):
             }
             trained = fit(converted)
         results[name] = {
+            "mesh": dict(
+                zip(distribution.device_mesh.axis_names, distribution.device_mesh.shape)
+            ),
+            "batch_axis": distribution.batch_dim_name,
+            "plain": {v.path: _spec(v) for v in plain.weights},
             "weights": {v.path: _spec(v) for v in converted.weights},
             "composed": {n: _spec(converted.get_layer(n).kernel) for n in masks},
             "direct_bit_identical": bool(direct),
@@ -125,6 +133,54 @@ def _layouts(keras, np, refimpl):
             ),
         }
     return results
+
+
+def _rules(keras, np, refimpl):
+    """What three LayoutMap keys do to the partial weights of ``d1``."""
+    from refimpl import selection
+
+    dist = keras.distribution
+    mesh = dist.DeviceMesh((2, 4), ["batch", "model"], dist.list_devices())
+    mask = selection.random_mask((16, 32), k=64, seed=1)
+    keys = {
+        "every weight of d1": {"d1/.*": (None, "model")},
+        "names the free values": {
+            "d1/kernel": ("model", None),
+            ".*/partial_free": ("model",),
+        },
+        "names them, 62 free": {".*/partial_free": ("model",)},
+    }
+    found = {}
+    for name, layouts in keys.items():
+        layout_map = dist.LayoutMap(mesh)
+        for key, axes in layouts.items():
+            layout_map[key] = axes
+        with dist.ModelParallel(layout_map=layout_map, batch_dim_name="batch").scope():
+            keras.utils.set_random_seed(0)
+            inputs = keras.Input((16,))
+            d1 = keras.layers.Dense(32, use_bias=False, name="d1")
+            plain = keras.Model(inputs, d1(inputs))
+            count = 62 if "62" in name else 64
+            chosen = mask.copy()
+            chosen.flat[np.flatnonzero(chosen)[count:]] = False
+            row = {"keys": {k: list(v) for k, v in layouts.items()}}
+            try:
+                converted = refimpl.partialize(plain, {"d1": chosen})
+            except ValueError as error:
+                row["error"] = str(error)
+            else:
+                layer = converted.get_layer("d1")
+                optimizer = keras.optimizers.Adam()
+                optimizer.build(converted.trainable_variables)
+                row["weights"] = {v.path: _spec(v) for v in converted.weights}
+                row["adam"] = {
+                    v.path.rpartition("/")[2]: _spec(v)
+                    for v in optimizer.variables
+                    if "partial_free" in v.path
+                }
+                row["composed"] = _spec(layer.kernel)
+        found[name] = row
+    return found
 
 
 def _memory(keras, np, refimpl):
@@ -195,6 +251,7 @@ def main(argv: list[str]) -> int:
     results = {
         "devices": len(keras.distribution.list_devices()),
         "layouts": _layouts(keras, np, refimpl),
+        "rules": _rules(keras, np, refimpl),
         "memory": _memory(keras, np, refimpl),
     }
     with open(argv[0], "w") as out:

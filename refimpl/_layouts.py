@@ -67,9 +67,9 @@ def _check(layout, path, shape, layer_name, mesh):
         raise ValueError(
             f"The LayoutMap entry for {path!r} gives the layout "
             f"{axes} on the mesh {sizes}; `{name}` of layer "
-            f"{layer_name!r} has the shape {shape}. Expected a layout of "
-            f"{len(shape)} axes whose mesh sizes divide the dimensions they "
-            "shard, or no entry (replicated)."
+            f"{layer_name!r} has the shape {shape}. Expected one entry per "
+            f"dimension ({len(shape)}), each a mesh axis whose size divides "
+            "that dimension or None, or no LayoutMap entry (replicated)."
         )
     return layout
 
