@@ -15,7 +15,7 @@ from refimpl._checks import describe
 from refimpl.layers._pieces import _check_constraint, _composing
 from refimpl.layers.partial import _PLAIN_TO_PARTIAL, PartialWeightMixin
 from refimpl.masks import mask_shape, to_mask
-from refimpl.ops import check_mode, sparse_matmul
+from refimpl.ops import LAYER_MODES, check_mode, sparse_matmul
 
 __all__ = ["PartialDense"]
 
@@ -71,7 +71,7 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
                 f"`units` must be a positive int. Received: units={describe(units)}"
             )
         super().__init__(int(units), **kwargs)
-        check_mode(mode)
+        check_mode(mode, allowed=LAYER_MODES)
         shape = None if trainable_mask is None else mask_shape(trainable_mask)
         if shape is not None and shape[1:] != (self.units,):
             raise ValueError(

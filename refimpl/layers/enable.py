@@ -24,7 +24,7 @@ from refimpl.layers.classes import (
 from refimpl.layers.dense import PartialDense
 from refimpl.layers.partial import PartialWeightMixin
 from refimpl.masks import to_mask
-from refimpl.ops import check_mode, mode_for
+from refimpl.ops import LAYER_MODES, check_mode, mode_for
 
 __all__ = [
     "PARTIAL_CLASSES",
@@ -78,7 +78,7 @@ def enable_partial(
             f"whose weight this mechanism knows. Received: layer {layer.name!r} "
             f"of type {plain.__name__}"
         )
-    check_mode(mode)
+    check_mode(mode, allowed=LAYER_MODES)
     if not layer.built:
         raise ValueError(
             f"`layer` must be built (call the model once). Received: {layer.name!r}"

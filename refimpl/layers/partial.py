@@ -29,7 +29,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from refimpl import _compat, _layouts, backend
+from refimpl import _compat, _layouts, _slices, backend
 from refimpl.layers._pieces import (
     _count,
     _is_partial_weight,
@@ -92,6 +92,13 @@ class PartialWeightMixin:
         if mode == "auto":
             mode = mode_for(num_free, shape, jit_compile=False)
             auto = mode != "select"
+            # Whole slices below half the kernel: two sub-products of the
+            # rectangle's size cost less than the select form's full gradient.
+            if num_free < size / 2 and self._partial_slice_axes() is not None:
+                if positions is not None and _slices.rectangle(positions, shape):
+                    mode, auto = "slices", False
+        if mode == "slices":
+            self._partial_check_slices(positions, shape)
         if mode == "sparse" and not self._partial_sparse_product:
             raise ValueError(
                 "`mode` 'sparse' is a matrix product, which only a Dense layer "
@@ -134,6 +141,60 @@ class PartialWeightMixin:
         self._partial_auto = bool(auto)
         self._partial_select = SelectMask(shape)
         self._partial_loaded = positions is not None
+        self._partial_sets = (
+            _slices.rectangle(positions, shape)
+            if mode == "slices" and flat is not None
+            else None
+        )
+
+    # -- the "slices" form (refimpl._slices) --------------------------------------
+    def _partial_slice_axes(self):
+        """Where each kernel axis goes in the product, or None: no slices form."""
+        if self._partial_target != "kernel":
+            return None
+        plain = self._partial_plain_class()
+        if issubclass(plain, keras.layers.EinsumDense):
+            return _slices.kernel_axes(self.equation)
+        if issubclass(plain, keras.layers.Dense):
+            return (("in", -1), ("out", -1))
+        return None
+
+    def _partial_check_slices(self, positions, shape):
+        if self._partial_slice_axes() is None:
+            equation = getattr(self, "equation", None)
+            raise ValueError(
+                "`mode` 'slices' multiplies by whole slices of a Dense or "
+                "EinsumDense kernel. Received: mode='slices' for layer "
+                f"{self.name!r} of type {type(self).__name__}"
+                + (f" with equation {equation!r}" if equation else "")
+            )
+        if positions is not None and _slices.rectangle(positions, shape) is None:
+            raise ValueError(
+                "`mode` 'slices' needs a mask of whole slices: every combination "
+                "of a set of indices per axis (whole rows, whole columns, a "
+                f"block). Received: {len(positions)} free entries of layer "
+                f"{self.name!r} ({shape}) that are not one"
+            )
+
+    def call(self, inputs, *args, **kwargs):
+        if getattr(self, "_partial_mode", None) != "slices":
+            return super().call(inputs, *args, **kwargs)
+        self._partial_check_loaded()
+        dtype = self.compute_dtype
+        base = keras.ops.cast(self._partial_base().value, dtype)
+        free = keras.ops.cast(self.partial_free.value, dtype)
+        if isinstance(self, keras.layers.EinsumDense):
+            equation = self.equation
+
+            def product(a, b):
+                return keras.ops.einsum(equation, a, b)
+        else:
+            product = keras.ops.matmul
+        axes = self._partial_slice_axes()
+        y = _slices.slice_product(inputs, base, free, self._partial_sets, axes, product)
+        if self.bias is not None:
+            y = keras.ops.add(y, keras.ops.cast(self.bias, dtype))
+        return self.activation(y) if self.activation is not None else y
 
     def build(self, input_shape):
         super().build(input_shape)
@@ -165,6 +226,10 @@ class PartialWeightMixin:
         self._partial_loaded = positions is not None and not np.any(positions >= size)
         if not self._partial_loaded:
             raise _compat.require_loaded(f"Layer '{self.name}'")
+        if self._partial_mode == "slices":
+            shape = tuple(self._partial_base().shape)
+            self._partial_check_slices(positions, shape)
+            self._partial_sets = _slices.rectangle(positions, shape)
 
     def set_weights(self, weights):
         super().set_weights(weights)
@@ -284,6 +349,7 @@ class PartialWeightMixin:
             "_partial_mode",
             "_partial_auto",
             "_partial_select",
+            "_partial_sets",
             "_partial_loaded",
             "_partial_shell",
             "_partial_rest_frozen",
