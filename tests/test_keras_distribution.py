@@ -251,6 +251,42 @@ def test_a_key_that_names_the_free_values_shards_them():
     assert slots and all(spec(v) == ("model",) for v in slots)
 
 
+def test_a_key_that_names_the_positions_shards_them():
+    distribution = _model_parallel(
+        _mesh((2, 4), ["batch", "model"]),
+        {"d1/kernel": (None, "model"), ".*/partial_positions": ("model",)},
+    )
+    plain, converted = _converted(distribution)
+    for n in MASKS:
+        layer = converted.get_layer(n)
+        assert spec(layer.partial_positions) == ("model",)
+        assert spec(layer.partial_free) == (None,)
+    start = _numpy(converted.get_layer("d1").kernel)
+    with distribution.scope():
+        np.testing.assert_array_equal(_numpy(converted(X)), _numpy(plain(X)))
+        _fit(converted)
+    assert_frozen(start, _numpy(converted.get_layer("d1").kernel), MASKS["d1"])
+
+
+def test_keras_rebuilds_a_bidirectional_without_its_name_in_the_paths(tmp_path):
+    # What the chapter's note says of Keras: a LayoutMap key for these
+    # weights must match both paths.
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((3, 5))
+    wrapped = keras.layers.Bidirectional(keras.layers.GRU(2), name="bi")
+    model = keras.Model(inputs, wrapped(inputs))
+    paths = [v.path for v in model.weights]
+    assert "bi/forward_gru/gru_cell/kernel" in paths
+    model.save(tmp_path / "bi.keras")
+    for rebuilt in (
+        keras.models.clone_model(model),
+        keras.saving.load_model(tmp_path / "bi.keras"),
+    ):
+        again = [v.path for v in rebuilt.weights]
+        assert "forward_gru/gru_cell/kernel" in again
+        assert not any(p.startswith("bi/") for p in again)
+
+
 @pytest.mark.parametrize(
     "axes, count",
     [(("model", None), 64), (("model",), 62)],
