@@ -25,7 +25,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-__all__ = ["rectangle", "slice_product", "kernel_axes"]
+__all__ = ["rectangle", "slice_product", "kernel_axes", "layer_axes"]
 
 
 def rectangle(positions, shape):
@@ -81,6 +81,46 @@ def kernel_axes(equation: str):
             return None
         axes.append(("in" if in_x else "out", tail.index(letter) - len(tail)))
     return tuple(axes)
+
+
+def layer_axes(layer, target: str = "kernel"):
+    """Where each kernel axis of ``layer`` goes, or ``None``: no slices form.
+
+    A ``Dense`` kernel contracts its first axis with the input's last and
+    gives the output's last; an ``EinsumDense`` kernel follows its equation.
+    """
+    if target != "kernel":
+        return None
+    if isinstance(layer, keras.layers.EinsumDense):
+        return kernel_axes(layer.equation)
+    if isinstance(layer, keras.layers.Dense):
+        return (("in", -1), ("out", -1))
+    return None
+
+
+def check(layer, positions, shape, target: str = "kernel") -> None:
+    """Refuse the slices form for ``layer`` or for ``positions``, clearly.
+
+    Raises:
+        ValueError: for a layer without the product, or positions that are
+            not whole slices.
+    """
+    if layer_axes(layer, target) is None:
+        equation = getattr(layer, "equation", None)
+        raise ValueError(
+            "`mode` 'slices' multiplies by whole slices of a Dense or "
+            "EinsumDense kernel. Received: mode='slices' for layer "
+            f"{layer.name!r} of type {type(layer).__name__}"
+            + (f" with equation {equation!r}" if equation else "")
+            + ("" if target == "kernel" else f", weight {target!r}")
+        )
+    if positions is not None and rectangle(positions, shape) is None:
+        raise ValueError(
+            "`mode` 'slices' needs a mask of whole slices: every combination "
+            "of a set of indices per axis (whole rows, whole columns, a "
+            f"block). Received: {len(positions)} free entries of layer "
+            f"{layer.name!r} ({shape}) that are not one"
+        )
 
 
 def _gather(tensor, sets, axes=None):

@@ -123,7 +123,7 @@ def partialize(
         for key, layer, weight, mask in resolve(model, layer_masks)
     ]
     for layer, weight, mask in chosen:
-        check_layout(layer, target_weight(layer, weight), mask, mode)
+        check_layout(layer, target_weight(layer, weight), mask, mode, weight)
     target = model if in_place else _copy(model, "partialize")
     if target is not model:
         # The copy has the same layers in the same order, at every depth.

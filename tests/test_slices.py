@@ -154,8 +154,10 @@ def test_files_merge_and_the_trained_entries(tmp_path):
 
 def test_refusals():
     model = _model()
+    masks = {"d2": _masks()["d2"], "d1": np.eye(16, 32, dtype=bool)}
     with pytest.raises(ValueError, match="needs a mask of whole slices"):
-        refimpl.partialize(model, {"d1": np.eye(16, 32, dtype=bool)}, mode="slices")
+        refimpl.partialize(model, masks, mode="slices", in_place=True)
+    assert not _partial(model)  # refused before anything was converted
     conv = keras.Sequential([keras.Input((6, 6, 2)), keras.layers.Conv2D(3, 3)])
     mask = np.zeros((3, 3, 2, 3), bool)
     mask[..., 0] = True

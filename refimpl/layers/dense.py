@@ -37,8 +37,9 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
         mode: ``"delta"`` (the default: ``k`` trainable values), ``"sparse"``
             (the same weights; the product never composes the kernel, the
             fastest form below a few percent free), ``"select"`` (a
-            kernel-sized trainable weight, filtered) or ``"auto"``
-            (:func:`refimpl.ops.choose_mode`).
+            kernel-sized trainable weight, filtered), ``"slices"`` (whole
+            rows, columns or a block through dense sub-products) or
+            ``"auto"`` (see :func:`refimpl.enable_partial`).
         num_free, auto: only without a mask: the shell ``from_config`` builds,
             whose positions and values come with the saved weights.
         rest_trainable: whether the bias trains (``False`` is what

@@ -150,31 +150,10 @@ class PartialWeightMixin:
     # -- the "slices" form (refimpl._slices) --------------------------------------
     def _partial_slice_axes(self):
         """Where each kernel axis goes in the product, or None: no slices form."""
-        if self._partial_target != "kernel":
-            return None
-        plain = self._partial_plain_class()
-        if issubclass(plain, keras.layers.EinsumDense):
-            return _slices.kernel_axes(self.equation)
-        if issubclass(plain, keras.layers.Dense):
-            return (("in", -1), ("out", -1))
-        return None
+        return _slices.layer_axes(self, self._partial_target)
 
     def _partial_check_slices(self, positions, shape):
-        if self._partial_slice_axes() is None:
-            equation = getattr(self, "equation", None)
-            raise ValueError(
-                "`mode` 'slices' multiplies by whole slices of a Dense or "
-                "EinsumDense kernel. Received: mode='slices' for layer "
-                f"{self.name!r} of type {type(self).__name__}"
-                + (f" with equation {equation!r}" if equation else "")
-            )
-        if positions is not None and _slices.rectangle(positions, shape) is None:
-            raise ValueError(
-                "`mode` 'slices' needs a mask of whole slices: every combination "
-                "of a set of indices per axis (whole rows, whole columns, a "
-                f"block). Received: {len(positions)} free entries of layer "
-                f"{self.name!r} ({shape}) that are not one"
-            )
+        _slices.check(self, positions, shape, self._partial_target)
 
     def call(self, inputs, *args, **kwargs):
         if getattr(self, "_partial_mode", None) != "slices":
