@@ -187,6 +187,15 @@ def test_fit_keeps_frozen_entries_and_trains_as_on_one_device(name):
             assert spec(variable) == (None,), variable.path
 
 
+def _reloads_alike(model, distribution, path, x):
+    """Save ``model``; load it under ``distribution``: same outputs and layouts."""
+    model.save(path)
+    with distribution.scope():
+        loaded = keras.saving.load_model(path)
+        np.testing.assert_array_equal(_numpy(loaded(x)), _numpy(model(x)))
+    assert layouts(loaded) == layouts(model)
+
+
 @pytest.mark.parametrize("name", ["columns_then_rows", "both_axes_2d"])
 def test_keras_file_loads_under_the_distribution_and_without_it(name, tmp_path):
     distribution = _distribution(name)
@@ -194,11 +203,7 @@ def test_keras_file_loads_under_the_distribution_and_without_it(name, tmp_path):
     with distribution.scope():
         _fit(converted, epochs=1)
     path = tmp_path / "converted.keras"
-    converted.save(path)
-    with distribution.scope():
-        loaded = keras.saving.load_model(path)
-        np.testing.assert_array_equal(_numpy(loaded(X)), _numpy(converted(X)))
-    assert layouts(loaded) == layouts(converted)
+    _reloads_alike(converted, distribution, path, X)
     alone = keras.saving.load_model(path)
     for a, b in zip(alone.weights, converted.weights):
         np.testing.assert_array_equal(_numpy(a), _numpy(b), err_msg=a.path)
@@ -447,9 +452,4 @@ def test_a_keras_hub_backbone_under_its_own_layout_map(tmp_path):
         "model",
         "batch",
     )
-    path = tmp_path / "gemma.keras"
-    converted.save(path)
-    with distribution.scope():
-        loaded = keras.saving.load_model(path)
-        np.testing.assert_array_equal(_numpy(loaded(x)), _numpy(converted(x)))
-    assert layouts(loaded) == layouts(converted)
+    _reloads_alike(converted, distribution, tmp_path / "gemma.keras", x)
