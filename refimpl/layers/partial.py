@@ -30,6 +30,7 @@ import keras
 import numpy as np
 
 from refimpl import _compat, _layouts, _slices, backend
+from refimpl.layers import _products
 from refimpl.layers._pieces import (
     _count,
     _is_partial_weight,
@@ -156,24 +157,15 @@ class PartialWeightMixin:
         _slices.check(self, positions, shape, self._partial_target)
 
     def call(self, inputs, *args, **kwargs):
-        if getattr(self, "_partial_mode", None) != "slices":
-            return super().call(inputs, *args, **kwargs)
-        self._partial_check_loaded()
-        dtype = self.compute_dtype
-        base = keras.ops.cast(self._partial_base().value, dtype)
-        free = keras.ops.cast(self.partial_free.value, dtype)
-        if isinstance(self, keras.layers.EinsumDense):
-            equation = self.equation
+        if _products.takes_over(self):
+            return _products.call(self, inputs)
+        return super().call(inputs, *args, **kwargs)
 
-            def product(a, b):
-                return keras.ops.einsum(equation, a, b)
-        else:
-            product = keras.ops.matmul
-        axes = self._partial_slice_axes()
-        y = _slices.slice_product(inputs, base, free, self._partial_sets, axes, product)
-        if self.bias is not None:
-            y = keras.ops.add(y, keras.ops.cast(self.bias, dtype))
-        return self.activation(y) if self.activation is not None else y
+    def rematerialized_call(self, layer_call, *args, **kwargs):
+        wrapped = super().rematerialized_call(layer_call, *args, **kwargs)
+        if getattr(self, "partial_free", None) is None:
+            return wrapped
+        return _products.rematerialized(self, layer_call, wrapped)
 
     def build(self, input_shape):
         super().build(input_shape)
