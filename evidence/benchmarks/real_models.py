@@ -13,7 +13,9 @@ Every variant trains the same batch:
   method that trains kernel entries can cost;
 * ``lora4``, ``lora8``: Keras' ``enable_lora`` on every kernel;
 * ``random 1%`` (and 0.1%, 10%): ``refimpl.partialize`` with random entries
-  of every kernel (the ``"delta"`` form);
+  of every kernel (the ``"delta"`` form); ``random 1% (remat)``: the same
+  under ``keras.RematScope``, where the product is recomputed in the
+  backward pass instead of keeping the composed kernel;
 * ``rows 1%`` / ``columns 1%``: whole input rows / output columns of every
   kernel, in the ``"slices"`` form; ``rows 1% (delta)``: the same mask
   composed as ``"delta"`` does, to show what the form changes.
@@ -45,6 +47,7 @@ VARIANTS = (
     "random 0.1%",
     "random 1%",
     "random 10%",
+    "random 1% (remat)",
     "rows 1%",
     "rows 1% (delta)",
     "columns 1%",
@@ -127,6 +130,10 @@ def variant(name, keras, np, sizes):
             )
             for i, layer in enumerate(layers)
         }
+        if name.endswith("(remat)"):  # the product recomputed, not kept
+            names = sorted({layer.name for layer in layers})
+            with keras.RematScope(mode="list_of_layers", layer_names=names):
+                return refimpl.partialize(model, masks, train="all", mode="delta")
         return refimpl.partialize(model, masks, train="all", mode="delta")
     side = "in" if name.startswith("rows") else "out"
     masks = {
