@@ -1,7 +1,7 @@
 """Training-step time and memory of partial fine-tuning on a real transformer.
 
-    python -m evidence.benchmarks.real_models             # writes results/real_*.csv
-    python -m evidence.benchmarks.real_models --quick     # a small model, fast
+    python -m evidence.benchmarks.real_models  # writes results/real/cpu_transformer.csv
+    python -m evidence.benchmarks.real_models --quick  # a small model
 
 The model is a plain-Keras transformer: a token embedding, ``blocks`` blocks
 of ``MultiHeadAttention`` and a 4x feed-forward with layer norms, and a
@@ -38,7 +38,7 @@ import pathlib
 import subprocess
 import sys
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+RESULTS = pathlib.Path(__file__).parent / "results" / "real"
 VARIANTS = (
     "full",
     "floor",
@@ -255,7 +255,7 @@ def main(argv=None) -> int:
     if args.memory_one:
         print(json.dumps(memory_one(args.memory_one, args.quick)))
         return 0
-    tag = "real_quick" if args.quick else "real"
+    tag = "cpu_quick" if args.quick else "cpu"
     rows = timing(VARIANTS, args.quick, args.repeats)
     memory = {}
     for name in VARIANTS:
