@@ -9,6 +9,7 @@
 #   make browser  build the book and check it in headless Chromium, offline
 #   make execute  re-run every notebook in place after editing it
 #   make bench    run the benchmarks and rewrite evidence/benchmarks/results/
+#                 (one layer; a transformer in results/real/)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -113,6 +114,7 @@ execute: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m evidence.benchmarks.run
+	$(BIN)/python -m evidence.benchmarks.real_models
 
 clean:
 	rm -rf _build

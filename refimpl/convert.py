@@ -12,7 +12,7 @@ from refimpl.layers.classes import target_weight
 from refimpl.layers.enable import check_layout, enable_partial
 from refimpl.layers.hosts import is_container, mark_hosts, unmark_hosts
 from refimpl.layers.partial import PartialWeightMixin
-from refimpl.ops import check_mode
+from refimpl.ops import LAYER_MODES, check_mode
 from refimpl.trainability import check_train, freeze_rest, trainable_summary
 
 __all__ = ["merge", "partial_layers", "partialize"]
@@ -110,7 +110,7 @@ def partialize(
         raise TypeError(
             f"`in_place` must be True or False. Received: {describe(in_place)}"
         )
-    check_mode(mode)
+    check_mode(mode, allowed=LAYER_MODES)
     train = check_train(train)
     keep = (
         []
@@ -123,7 +123,7 @@ def partialize(
         for key, layer, weight, mask in resolve(model, layer_masks)
     ]
     for layer, weight, mask in chosen:
-        check_layout(layer, target_weight(layer, weight), mask, mode)
+        check_layout(layer, target_weight(layer, weight), mask, mode, weight)
     target = model if in_place else _copy(model, "partialize")
     if target is not model:
         # The copy has the same layers in the same order, at every depth.

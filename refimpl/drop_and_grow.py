@@ -55,11 +55,19 @@ __all__ = ["DropAndGrow", "regrow"]
 
 
 def _partial_layers(model):
-    return [
+    layers = [
         layer
         for layer in _compat.sub_layers(model)
         if isinstance(layer, PartialWeightMixin) and layer.trainable
     ]
+    for layer in layers:
+        if layer.partial_mode == "slices":
+            raise ValueError(
+                f"Layer {layer.name!r} trains whole slices of its kernel "
+                "(mode='slices'), which drop and grow would break into single "
+                "entries. Convert it with mode='delta' to drop and grow its entries."
+            )
+    return layers
 
 
 def _scores(model, layers, data, loss, batches, batch_size, start):

@@ -25,6 +25,7 @@ from refimpl._checks import describe, normalize_shape
 from refimpl.masks import to_mask
 
 __all__ = [
+    "LAYER_MODES",
     "MODES",
     "SELECT_ABOVE_DENSITY",
     "SPARSE_BELOW_DENSITY",
@@ -56,6 +57,12 @@ SPARSE_BELOW_DENSITY_XLA = 0.003
 
 #: The forms of a partial weight, and ``"auto"``, which picks one.
 MODES = ("delta", "sparse", "select", "auto")
+
+#: The forms of a partial layer's weight: those of :data:`MODES`, and
+#: ``"slices"`` (a ``Dense`` or ``EinsumDense`` kernel free in whole slices,
+#: multiplied through dense sub-products: :mod:`refimpl._slices`), which
+#: ``"auto"`` picks for such a mask.
+LAYER_MODES = ("delta", "sparse", "select", "slices", "auto")
 
 
 def check_mode(mode, *, allowed=MODES, name: str = "mode") -> str:

@@ -453,3 +453,27 @@ def test_a_keras_hub_backbone_under_its_own_layout_map(tmp_path):
         "batch",
     )
     _reloads_alike(converted, distribution, tmp_path / "gemma.keras", x)
+
+
+@pytest.mark.parametrize("name", ["columns_then_rows", "both_axes_2d"])
+def test_the_slices_form_under_model_parallel(name):
+    distribution = _distribution(name)
+    rows = np.zeros((16, 32), bool)
+    rows[[2, 9]] = True
+    columns = np.zeros((32, 8), bool)
+    columns[:, [1, 6]] = True
+    with distribution.scope():
+        plain = _plain()
+        converted = refimpl.partialize(
+            plain, {"d1": rows, "d2": columns}, mode="slices"
+        )
+        np.testing.assert_array_equal(_numpy(converted(X)), _numpy(plain(X)))
+        start = [_numpy(converted.get_layer(n).kernel) for n in ("d1", "d2")]
+        _fit(converted)
+    for before, n, mask in zip(start, ("d1", "d2"), (rows, columns)):
+        layer = converted.get_layer(n)
+        assert layer.partial_mode == "slices"
+        assert spec(layer.base_weight) == layouts(plain)[f"{n}/kernel"]
+        after = _numpy(layer.kernel)
+        assert_frozen(before, after, mask)
+        assert not np.array_equal(after[mask], before[mask])

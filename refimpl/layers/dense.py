@@ -15,7 +15,7 @@ from refimpl._checks import describe
 from refimpl.layers._pieces import _check_constraint, _composing
 from refimpl.layers.partial import _PLAIN_TO_PARTIAL, PartialWeightMixin
 from refimpl.masks import mask_shape, to_mask
-from refimpl.ops import check_mode, sparse_matmul
+from refimpl.ops import LAYER_MODES, check_mode, sparse_matmul
 
 __all__ = ["PartialDense"]
 
@@ -37,8 +37,9 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
         mode: ``"delta"`` (the default: ``k`` trainable values), ``"sparse"``
             (the same weights; the product never composes the kernel, the
             fastest form below a few percent free), ``"select"`` (a
-            kernel-sized trainable weight, filtered) or ``"auto"``
-            (:func:`refimpl.ops.choose_mode`).
+            kernel-sized trainable weight, filtered), ``"slices"`` (whole
+            rows, columns or a block through dense sub-products) or
+            ``"auto"`` (see :func:`refimpl.enable_partial`).
         num_free, auto: only without a mask: the shell ``from_config`` builds,
             whose positions and values come with the saved weights.
         rest_trainable: whether the bias trains (``False`` is what
@@ -71,7 +72,7 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
                 f"`units` must be a positive int. Received: units={describe(units)}"
             )
         super().__init__(int(units), **kwargs)
-        check_mode(mode)
+        check_mode(mode, allowed=LAYER_MODES)
         shape = None if trainable_mask is None else mask_shape(trainable_mask)
         if shape is not None and shape[1:] != (self.units,):
             raise ValueError(

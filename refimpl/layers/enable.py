@@ -9,7 +9,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from refimpl import _layouts
+from refimpl import _layouts, _slices
 from refimpl._checks import describe
 from refimpl.layers._pieces import _ELEMENTWISE_REGULARIZERS, _check_constraint
 from refimpl.layers.classes import (
@@ -24,7 +24,7 @@ from refimpl.layers.classes import (
 from refimpl.layers.dense import PartialDense
 from refimpl.layers.partial import PartialWeightMixin
 from refimpl.masks import to_mask
-from refimpl.ops import check_mode, mode_for
+from refimpl.ops import LAYER_MODES, check_mode, mode_for
 
 __all__ = [
     "PARTIAL_CLASSES",
@@ -51,7 +51,13 @@ def enable_partial(
         mask: the trainable entries of its ``kernel`` (``embeddings`` for an
             ``Embedding``): a boolean mask of the weight's shape or an index
             list (see :func:`refimpl.masks.to_mask`).
-        mode: ``"delta"``, ``"select"``, ``"auto"``; ``"sparse"`` for ``Dense``.
+        mode: ``"delta"``, ``"select"``, ``"auto"``; ``"sparse"`` for
+            ``Dense``; ``"slices"`` for a ``Dense`` or ``EinsumDense`` kernel
+            free in whole slices (rows, columns, blocks, heads), multiplied
+            through dense sub-products without composing the kernel
+            (:mod:`refimpl._slices`). ``"auto"`` picks ``"slices"`` for such a
+            mask below half the kernel, and otherwise by density
+            (:func:`refimpl.ops.choose_mode`).
         weight: which weight, for a layer with two that can be partial: a
             ``SeparableConv``'s ``"depthwise_kernel"`` (the default) or
             ``"pointwise_kernel"``, an RNN cell's ``"kernel"`` (the default)
@@ -78,7 +84,7 @@ def enable_partial(
             f"whose weight this mechanism knows. Received: layer {layer.name!r} "
             f"of type {plain.__name__}"
         )
-    check_mode(mode)
+    check_mode(mode, allowed=LAYER_MODES)
     if not layer.built:
         raise ValueError(
             f"`layer` must be built (call the model once). Received: {layer.name!r}"
@@ -110,16 +116,21 @@ def enable_partial(
         )
     _check_constraint(base.constraint, layer.name)
     bool_mask = to_mask(mask, tuple(base.shape), name="mask")
-    check_layout(layer, base, bool_mask, mode)
+    check_layout(layer, base, bool_mask, mode, weight)
     layer.__class__ = partial_class(plain)
     layer._partial_target = weight
     positions = np.flatnonzero(bool_mask)
     layer._partial_add_weights(len(positions), positions, mode, False)
 
 
-def check_layout(layer, base, mask, mode) -> None:
-    """Refuse a ``LayoutMap`` entry named for a partial weight that cannot fit it."""
+def check_layout(layer, base, mask, mode, weight=None) -> None:
+    """Refuse, before converting, what the weights of ``mode`` cannot take:
+    a ``LayoutMap`` entry named for a partial weight that does not fit it,
+    or a mask of other than whole slices for ``"slices"``."""
     num_free = int(np.count_nonzero(mask))
+    if mode == "slices":
+        positions = np.flatnonzero(to_mask(mask, tuple(base.shape), name="mask"))
+        _slices.check(layer, positions, tuple(base.shape), weight or "kernel")
     if mode == "auto":
         mode = mode_for(num_free, tuple(base.shape), jit_compile=False)
     _layouts.check_named(layer, base, num_free, select=mode == "select")

@@ -29,7 +29,8 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from refimpl import _compat, _layouts, backend
+from refimpl import _compat, _layouts, _slices, backend
+from refimpl.layers import _products
 from refimpl.layers._pieces import (
     _count,
     _is_partial_weight,
@@ -92,6 +93,13 @@ class PartialWeightMixin:
         if mode == "auto":
             mode = mode_for(num_free, shape, jit_compile=False)
             auto = mode != "select"
+            # Whole slices below half the kernel: two sub-products of the
+            # rectangle's size cost less than the select form's full gradient.
+            if num_free < size / 2 and self._partial_slice_axes() is not None:
+                if positions is not None and _slices.rectangle(positions, shape):
+                    mode, auto = "slices", False
+        if mode == "slices":
+            self._partial_check_slices(positions, shape)
         if mode == "sparse" and not self._partial_sparse_product:
             raise ValueError(
                 "`mode` 'sparse' is a matrix product, which only a Dense layer "
@@ -134,6 +142,30 @@ class PartialWeightMixin:
         self._partial_auto = bool(auto)
         self._partial_select = SelectMask(shape)
         self._partial_loaded = positions is not None
+        self._partial_sets = (
+            _slices.rectangle(positions, shape)
+            if mode == "slices" and flat is not None
+            else None
+        )
+
+    # -- the "slices" form (refimpl._slices) --------------------------------------
+    def _partial_slice_axes(self):
+        """Where each kernel axis goes in the product, or None: no slices form."""
+        return _slices.layer_axes(self, self._partial_target)
+
+    def _partial_check_slices(self, positions, shape):
+        _slices.check(self, positions, shape, self._partial_target)
+
+    def call(self, inputs, *args, **kwargs):
+        if _products.takes_over(self):
+            return _products.call(self, inputs)
+        return super().call(inputs, *args, **kwargs)
+
+    def rematerialized_call(self, layer_call, *args, **kwargs):
+        wrapped = super().rematerialized_call(layer_call, *args, **kwargs)
+        if getattr(self, "partial_free", None) is None:
+            return wrapped
+        return _products.rematerialized(self, layer_call, wrapped)
 
     def build(self, input_shape):
         super().build(input_shape)
@@ -165,6 +197,10 @@ class PartialWeightMixin:
         self._partial_loaded = positions is not None and not np.any(positions >= size)
         if not self._partial_loaded:
             raise _compat.require_loaded(f"Layer '{self.name}'")
+        if self._partial_mode == "slices":
+            shape = tuple(self._partial_base().shape)
+            self._partial_check_slices(positions, shape)
+            self._partial_sets = _slices.rectangle(positions, shape)
 
     def set_weights(self, weights):
         super().set_weights(weights)
@@ -284,6 +320,7 @@ class PartialWeightMixin:
             "_partial_mode",
             "_partial_auto",
             "_partial_select",
+            "_partial_sets",
             "_partial_loaded",
             "_partial_shell",
             "_partial_rest_frozen",

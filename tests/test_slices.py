@@ -1,0 +1,170 @@
+"""The "slices" form: whole rows, columns, blocks or heads, through dense sub-products.
+
+For ``Dense`` and ``EinsumDense`` (a Keras ``MultiHeadAttention``'s
+projections) with masks of whole slices:
+
+* before training, the outputs equal the plain model's bit for bit;
+* ``fit`` keeps every frozen entry's bits, and trains as ``"delta"`` does to
+  rounding (the same gradient, summed in another order);
+* ``mode="auto"`` picks the form for such a mask and only for one;
+* ``.keras`` files, the trained-entries file and ``merge`` work as for every
+  form; a mask that is not whole slices, a layer without the product, and
+  drop and grow are refused with a ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+import refimpl
+from refimpl import _compat, _slices
+from refimpl.layers.partial import PartialWeightMixin
+from refimpl.testing import assert_frozen
+
+pytestmark = pytest.mark.every_backend
+
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=(6, 8, 16)).astype("float32")
+Y = RNG.normal(size=(6, 8, 4)).astype("float32")
+
+
+def _model():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 16))
+    h = keras.layers.Dense(32, activation="relu", name="d1")(inputs)
+    h = keras.layers.MultiHeadAttention(4, 8, name="mha")(h, h)
+    return keras.Model(inputs, keras.layers.Dense(4, name="d2")(h))
+
+
+def _masks():
+    rows = np.zeros((16, 32), bool)
+    rows[[1, 5]] = True  # two input features
+    columns = np.zeros((32, 4), bool)
+    columns[:, 2] = True  # one unit
+    head = np.zeros((32, 4, 8), bool)
+    head[:, 1] = True  # the query of one head
+    block = np.zeros((4, 8, 32), bool)
+    block[2, :, 3:7] = True  # one head's part of four output features
+    return {"d1": rows, "d2": columns, "mha/query": head, "mha/attention_output": block}
+
+
+def _numpy(value):
+    return np.array(keras.ops.convert_to_numpy(value))
+
+
+def _partial(model):
+    return [
+        layer
+        for layer in _compat.sub_layers(model)
+        if isinstance(layer, PartialWeightMixin)
+    ]
+
+
+def _fit(model):
+    model.compile(optimizer=keras.optimizers.AdamW(0.01), loss="mse")
+    model.fit(X, Y, batch_size=3, epochs=3, shuffle=False, verbose=0)
+    return model
+
+
+@pytest.mark.parametrize(
+    "positions, shape, expected",
+    [
+        ([2, 3], (2, 2), (np.array([1]), None)),  # a row
+        ([1, 3], (2, 2), (None, np.array([1]))),  # a column
+        ([1, 2, 5, 6], (2, 4), (None, np.array([1, 2]))),
+        ([5, 6, 9, 10], (3, 4), (np.array([1, 2]), np.array([1, 2]))),  # a block
+        ([0, 3], (2, 2), None),  # a diagonal
+        ([0, 1, 2], (2, 2), None),  # a row and a half
+        ([], (2, 2), None),
+    ],
+)
+def test_rectangle_finds_whole_slices_and_nothing_else(positions, shape, expected):
+    found = _slices.rectangle(positions, shape)
+    if expected is None:
+        assert found is None
+        return
+    assert len(found) == len(expected)
+    for a, b in zip(found, expected):
+        assert (a is None and b is None) or np.array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "equation, expected",
+    [
+        ("abc,cde->abde", (("in", -1), ("out", -2), ("out", -1))),
+        ("abcd,cde->abe", (("in", -2), ("in", -1), ("out", -1))),
+        ("...b,bc->...c", (("in", -1), ("out", -1))),
+        ("abc,bc->ac", None),  # c is in the input, the kernel and the output
+    ],
+)
+def test_kernel_axes_of_einsum_equations(equation, expected):
+    assert _slices.kernel_axes(equation) == expected
+
+
+@pytest.mark.parametrize("mode", ["slices", "auto"])
+def test_outputs_bit_identical_fit_exact_and_as_delta(mode):
+    model = _model()
+    converted = refimpl.partialize(model, _masks(), mode=mode)
+    layers = _partial(converted)
+    assert len(layers) == 4
+    assert {layer.partial_mode for layer in layers} == {"slices"}
+    np.testing.assert_array_equal(_numpy(converted(X)), _numpy(model(X)))
+    start = [_numpy(layer.kernel) for layer in layers]
+    delta = refimpl.partialize(model, _masks(), mode="delta")
+    _fit(converted)
+    _fit(delta)
+    for layer, reference, before in zip(layers, _partial(delta), start):
+        after = _numpy(layer.kernel)
+        assert_frozen(before, after, layer.trainable_mask)
+        assert not np.array_equal(after, before)
+        np.testing.assert_allclose(
+            after, _numpy(reference.kernel), rtol=1e-4, atol=1e-5
+        )
+
+
+def test_auto_picks_slices_only_for_whole_slices():
+    model = _model()
+    masks = _masks()
+    masks["d1"] = refimpl.selection.random_mask((16, 32), k=64, seed=0)
+    converted = refimpl.partialize(model, masks, mode="auto")
+    modes = {layer.path: layer.partial_mode for layer in _partial(converted)}
+    assert modes.pop("d1") != "slices"
+    assert set(modes.values()) == {"slices"}
+
+
+def test_files_merge_and_the_trained_entries(tmp_path):
+    model = _model()
+    converted = _fit(refimpl.partialize(model, _masks(), mode="slices"))
+    expected = _numpy(converted(X))
+    converted.save(tmp_path / "m.keras")
+    loaded = keras.saving.load_model(tmp_path / "m.keras")
+    assert {layer.partial_mode for layer in _partial(loaded)} == {"slices"}
+    np.testing.assert_array_equal(_numpy(loaded(X)), expected)
+    refimpl.save_partial_weights(converted, tmp_path / "entries.npz")
+    again = refimpl.partialize(model, _masks(), mode="slices")
+    refimpl.load_partial_weights(again, tmp_path / "entries.npz")
+    np.testing.assert_array_equal(_numpy(again(X)), expected)
+    merged = refimpl.merge(converted)
+    assert not _partial(merged)
+    # The plain layers multiply by the composed kernel: equal to rounding.
+    np.testing.assert_allclose(_numpy(merged(X)), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_refusals():
+    model = _model()
+    masks = {"d2": _masks()["d2"], "d1": np.eye(16, 32, dtype=bool)}
+    with pytest.raises(ValueError, match="needs a mask of whole slices"):
+        refimpl.partialize(model, masks, mode="slices", in_place=True)
+    assert not _partial(model)  # refused before anything was converted
+    conv = keras.Sequential([keras.Input((6, 6, 2)), keras.layers.Conv2D(3, 3)])
+    mask = np.zeros((3, 3, 2, 3), bool)
+    mask[..., 0] = True
+    with pytest.raises(ValueError, match="of a Dense or EinsumDense kernel"):
+        refimpl.partialize(conv, {conv.layers[0].name: mask}, mode="slices")
+    converted = refimpl.partialize(model, _masks(), mode="slices")
+    converted.compile(optimizer="adam", loss="mse")
+    callback = refimpl.DropAndGrow((X, Y), every=1, fraction=0.5)
+    with pytest.raises(ValueError, match="mode='slices'"):
+        converted.fit(X, Y, epochs=1, verbose=0, callbacks=[callback])
