@@ -55,8 +55,9 @@ def enable_partial(
             ``Dense``; ``"slices"`` for a ``Dense`` or ``EinsumDense`` kernel
             free in whole slices (rows, columns, blocks, heads), multiplied
             through dense sub-products without composing the kernel
-            (:mod:`refimpl._slices`). ``"auto"`` picks ``"slices"`` for such a
-            mask below half the kernel, and otherwise by density
+            (:mod:`refimpl._slices`). ``"auto"`` picks ``"slices"`` for whole
+            rows or columns (slices that span an axis) below half the
+            kernel, and otherwise chooses by density
             (:func:`refimpl.ops.choose_mode`).
         weight: which weight, for a layer with two that can be partial: a
             ``SeparableConv``'s ``"depthwise_kernel"`` (the default) or

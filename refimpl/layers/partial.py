@@ -93,10 +93,11 @@ class PartialWeightMixin:
         if mode == "auto":
             mode = mode_for(num_free, shape, jit_compile=False)
             auto = mode != "select"
-            # Whole slices below half the kernel: two sub-products of the
-            # rectangle's size cost less than the select form's full gradient.
+            # Whole rows or columns (slices that span an axis) below half
+            # the kernel: the benchmark's real-model rows and columns.
             if num_free < size / 2 and self._partial_slice_axes() is not None:
-                if positions is not None and _slices.rectangle(positions, shape):
+                sets = positions is not None and _slices.rectangle(positions, shape)
+                if sets and any(axis is None for axis in sets):
                     mode, auto = "slices", False
         if mode == "slices":
             self._partial_check_slices(positions, shape)
