@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from evidence.benchmarks import real_models
-from refimpl import _compat
-from refimpl.layers.partial import PartialWeightMixin
+from tests.models import partial_layers as _partial
 
 SIZES = real_models._sizes(quick=True)
 
@@ -21,14 +20,6 @@ def _model(name):
     import tensorflow as tf
 
     return real_models._prepared(name, keras, np, tf, SIZES)[0]
-
-
-def _partial(model):
-    return [
-        layer
-        for layer in _compat.sub_layers(model)
-        if isinstance(layer, PartialWeightMixin)
-    ]
 
 
 def _kernel_count(model):

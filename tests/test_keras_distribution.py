@@ -29,8 +29,8 @@ import pytest
 
 import refimpl
 from refimpl import selection
-from refimpl.layers.partial import PartialWeightMixin
 from refimpl.testing import assert_frozen
+from tests.models import partial_layers as _partial
 
 pytestmark = pytest.mark.every_backend
 
@@ -344,14 +344,6 @@ def _layer_cases():
 
 
 LAYER_CASES = _layer_cases()
-
-
-def _partial(model):
-    return [
-        layer
-        for layer in refimpl._compat.sub_layers(model)
-        if isinstance(layer, PartialWeightMixin)
-    ]
 
 
 def _outputs(model, x):

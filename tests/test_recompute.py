@@ -14,24 +14,15 @@ import numpy as np
 import pytest
 
 import refimpl
-from refimpl import _compat, selection
-from refimpl.layers.partial import PartialWeightMixin
+from refimpl import selection
 from refimpl.testing import assert_frozen
+from tests.models import X, Y
+from tests.models import attention_model as _model
+from tests.models import partial_layers as _partial
 
 pytestmark = pytest.mark.every_backend
 
-RNG = np.random.default_rng(0)
-X = RNG.normal(size=(6, 8, 16)).astype("float32")
-Y = RNG.normal(size=(6, 8, 4)).astype("float32")
 NAMES = ["d1", "d2", "query", "attention_output"]
-
-
-def _model():
-    keras.utils.set_random_seed(0)
-    inputs = keras.Input((8, 16))
-    h = keras.layers.Dense(32, activation="relu", name="d1")(inputs)
-    h = keras.layers.MultiHeadAttention(4, 8, name="mha")(h, h)
-    return keras.Model(inputs, keras.layers.Dense(4, name="d2")(h))
 
 
 def _masks():
@@ -39,14 +30,6 @@ def _masks():
         name: (lambda w, i=i: selection.random_mask(w.shape, fraction=0.1, seed=i))
         for i, name in enumerate(NAMES)
     }
-
-
-def _partial(model):
-    return [
-        layer
-        for layer in _compat.sub_layers(model)
-        if isinstance(layer, PartialWeightMixin)
-    ]
 
 
 def _trained(model):
