@@ -39,7 +39,7 @@ def takes_over(layer) -> bool:
     return mode == "delta" and getattr(layer, "_partial_recompute", False)
 
 
-def call(layer, inputs):
+def output(layer, inputs):
     """The layer's output, by :func:`takes_over`'s product."""
     layer._partial_check_loaded()
     dtype = layer.compute_dtype
@@ -60,6 +60,25 @@ def call(layer, inputs):
     if layer.bias is not None:
         y = keras.ops.add(y, keras.ops.cast(layer.bias, dtype))
     return layer.activation(y) if layer.activation is not None else y
+
+
+def product_call(plain_class):
+    """The ``call`` of the partial class of ``Dense`` or ``EinsumDense``.
+
+    It has the plain class's signature, ``(inputs, training=None)``, which
+    Keras reads to decide what to pass; ``None`` for other classes, whose
+    ``call`` is the plain one.
+    """
+    products = (keras.layers.Dense.call, keras.layers.EinsumDense.call)
+    if plain_class.call not in products:  # a call of its own: left to it
+        return None
+
+    def call(self, inputs, training=None):
+        if takes_over(self):
+            return output(self, inputs)
+        return plain_class.call(self, inputs, training=training)
+
+    return call
 
 
 def rematerialized(layer, layer_call, wrapped):

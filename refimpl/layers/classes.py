@@ -26,6 +26,7 @@ import keras
 
 from refimpl import _compat
 from refimpl._checks import describe
+from refimpl.layers import _products
 from refimpl.layers._pieces import _composing
 from refimpl.layers.dense import PartialDense
 from refimpl.layers.partial import _PLAIN_TO_PARTIAL, PartialWeightMixin
@@ -71,6 +72,9 @@ def _make(plain_class, targets=(("kernel", False),), on_demand=False):
     }
     for target, attribute in targets:
         namespace[target] = _composing(plain_class, target, attribute)
+    call = _products.product_call(plain_class)
+    if call is not None:
+        namespace["call"] = call
     cls = type(name, (PartialWeightMixin, plain_class), namespace)
     _SPECS[plain_class] = tuple(targets)
     if on_demand:

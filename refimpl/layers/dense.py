@@ -12,6 +12,7 @@ import keras
 import numpy as np
 
 from refimpl._checks import describe
+from refimpl.layers import _products
 from refimpl.layers._pieces import _check_constraint, _composing
 from refimpl.layers.partial import _PLAIN_TO_PARTIAL, PartialWeightMixin
 from refimpl.masks import mask_shape, to_mask
@@ -118,6 +119,8 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
             self.freeze_rest()
 
     def call(self, inputs, training=None):
+        if _products.takes_over(self):
+            return _products.output(self, inputs)
         if (
             getattr(self, "partial_free", None) is None
             or self.product_mode() != "sparse"

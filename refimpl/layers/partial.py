@@ -157,11 +157,6 @@ class PartialWeightMixin:
     def _partial_check_slices(self, positions, shape):
         _slices.check(self, positions, shape, self._partial_target)
 
-    def call(self, inputs, *args, **kwargs):
-        if _products.takes_over(self):
-            return _products.call(self, inputs)
-        return super().call(inputs, *args, **kwargs)
-
     def rematerialized_call(self, layer_call, *args, **kwargs):
         wrapped = super().rematerialized_call(layer_call, *args, **kwargs)
         if getattr(self, "partial_free", None) is None:
