@@ -15,6 +15,13 @@ the free values' gradient is a dense product of the rectangle's size:
 frozen base is only read; before training ``Δ`` is exactly zero and the
 output is the plain layer's bit for bit.
 
+The same holds for a convolution (``groups=1``): whole filters (output
+channels) or whole input channels, each over the full kernel window, train
+through a convolution of the chosen channels. An ``Embedding`` table free in
+whole rows (new or chosen tokens) looks its rows up in the free values
+themselves, exactly the composed table's lookup, and never composes the
+``vocabulary x dim`` table.
+
 The free values are stored as in ``"delta"`` (the same weights and files):
 sorted flat positions, so ``free.reshape(rectangle shape)`` is
 ``W[np.ix_(*sets)]``.
@@ -25,7 +32,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-__all__ = ["rectangle", "slice_product", "kernel_axes", "layer_axes"]
+__all__ = ["rectangle", "slice_product", "row_lookup", "kernel_axes", "layer_axes"]
 
 
 def rectangle(positions, shape):
@@ -86,18 +93,41 @@ def kernel_axes(equation: str):
 def layer_axes(layer, target: str = "kernel"):
     """Where each kernel axis of ``layer`` goes, or ``None``: no slices form.
 
-    A ``Dense`` kernel contracts its first axis with the input's last and
-    gives the output's last; an ``EinsumDense`` kernel follows its equation.
+    ``("in", axis)`` and ``("out", axis)`` as in :func:`kernel_axes`;
+    ``("whole", None)``: an axis the mask must cover whole (a convolution's
+    window, an embedding's features); ``("ids", None)``: an embedding table's
+    rows, looked up by the input. A ``Dense`` kernel contracts its first axis
+    with the input's last and gives the output's last; an ``EinsumDense``
+    kernel follows its equation; a convolution's ``[*window, in, out]``
+    contracts and gives the channel axis.
     """
+    plain = getattr(layer, "_partial_plain_class", lambda: type(layer))()
+    # A subclass with a call of its own computes in its own way.
+    if target == "embeddings":
+        if plain.call is keras.layers.Embedding.call:
+            return (("ids", None), ("whole", None))
+        return None
     if target != "kernel":
         return None
-    plain = getattr(layer, "_partial_plain_class", lambda: type(layer))()
-    # A subclass with a call of its own multiplies in its own way.
     if plain.call is keras.layers.EinsumDense.call:
         return kernel_axes(layer.equation)
     if plain.call is keras.layers.Dense.call:
         return (("in", -1), ("out", -1))
+    convolutions = (keras.layers.Conv1D.call, keras.layers.Conv2D.call)
+    if plain.call in convolutions and getattr(layer, "groups", 1) == 1:
+        channel = -1 if layer.data_format == "channels_last" else 1
+        return (("whole", None),) * layer.rank + (("in", channel), ("out", channel))
     return None
+
+
+def is_product(axes) -> bool:
+    """Whether ``axes`` (:func:`layer_axes`) describe a product linear in the kernel."""
+    return axes is not None and all(side != "ids" for side, _ in axes)
+
+
+def is_matrix_product(axes) -> bool:
+    """Whether every kernel axis is contracted or kept (``Dense``, ``EinsumDense``)."""
+    return axes is not None and all(side in ("in", "out") for side, _ in axes)
 
 
 def check(layer, positions, shape, target: str = "kernel") -> None:
@@ -105,23 +135,49 @@ def check(layer, positions, shape, target: str = "kernel") -> None:
 
     Raises:
         ValueError: for a layer without the product, or positions that are
-            not whole slices.
+            not whole slices of it.
     """
-    if layer_axes(layer, target) is None:
+    axes = layer_axes(layer, target)
+    if axes is None:
         equation = getattr(layer, "equation", None)
         raise ValueError(
-            "`mode` 'slices' multiplies by whole slices of a Dense or "
-            "EinsumDense kernel. Received: mode='slices' for layer "
+            "`mode` 'slices' multiplies by whole slices of a Dense, "
+            "EinsumDense or convolution (groups=1) kernel, or looks up whole "
+            "rows of an Embedding table. Received: mode='slices' for layer "
             f"{layer.name!r} of type {type(layer).__name__}"
             + (f" with equation {equation!r}" if equation else "")
-            + ("" if target == "kernel" else f", weight {target!r}")
+            + (
+                f" and groups={layer.groups}"
+                if getattr(layer, "groups", 1) != 1
+                else ""
+            )
+            + ("" if target in ("kernel", "embeddings") else f", weight {target!r}")
         )
-    if positions is not None and rectangle(positions, shape) is None:
+    if positions is None:
+        return
+    sets = rectangle(positions, shape)
+    if sets is None:
         raise ValueError(
             "`mode` 'slices' needs a mask of whole slices: every combination "
             "of a set of indices per axis (whole rows, whole columns, a "
             f"block). Received: {len(positions)} free entries of layer "
             f"{layer.name!r} ({shape}) that are not one"
+        )
+    partial = [
+        a
+        for a, ((side, _), s) in enumerate(zip(axes, sets))
+        if side == "whole" and s is not None
+    ]
+    if partial:
+        what = (
+            "whole rows of the embedding table (every feature of a token)"
+            if target == "embeddings"
+            else "slices over the whole kernel window (every spatial tap)"
+        )
+        raise ValueError(
+            f"`mode` 'slices' needs {what}. Received: free entries of layer "
+            f"{layer.name!r} ({shape}) that cover only some indices of kernel "
+            f"axis {partial[0]}"
         )
 
 
@@ -166,3 +222,23 @@ def slice_product(x, base, free, sets, axes, product):
         if chosen is not None and side == "out":
             partial = _expand(partial, chosen, int(base.shape[axis]), where)
     return product(x, base) + partial
+
+
+def row_lookup(ids, base, free, rows):
+    """``take(W, ids)`` for ``W`` = ``base`` with ``free`` in whole ``rows``.
+
+    The rows of ``free`` are looked up themselves, so the output is the
+    composed table's lookup bit for bit, and the table is never composed.
+    ``rows`` is :func:`rectangle`'s first set (``None``: every row).
+    """
+    dim = int(base.shape[-1])
+    if rows is None:
+        return keras.ops.take(keras.ops.reshape(free, base.shape), ids, axis=0)
+    slot = np.full(int(base.shape[0]), -1, "int32")
+    slot[rows] = np.arange(len(rows), dtype="int32")
+    slots = keras.ops.take(keras.ops.convert_to_tensor(slot), ids, axis=0)
+    chosen = keras.ops.take(
+        keras.ops.reshape(free, (len(rows), dim)), keras.ops.maximum(slots, 0), axis=0
+    )
+    plain = keras.ops.take(base, ids, axis=0)
+    return keras.ops.where(keras.ops.expand_dims(slots >= 0, -1), chosen, plain)

@@ -1,11 +1,17 @@
-"""Training-step time and memory of partial fine-tuning on a real transformer.
+"""Training-step time and memory of partial fine-tuning on real models.
 
-    python -m evidence.benchmarks.real_models  # writes results/real/cpu_transformer.csv
-    python -m evidence.benchmarks.real_models --quick  # a small model
+    python -m evidence.benchmarks.real_models  # results/real/cpu_{transformer,cnn}.csv
+    python -m evidence.benchmarks.real_models --model cnn --quick  # a small CNN
 
-The model is a plain-Keras transformer: a token embedding, ``blocks`` blocks
-of ``MultiHeadAttention`` and a 4x feed-forward with layer norms, and a
-``Dense`` head; width 512, 8 heads, 128 tokens x batch 8, AdamW, TensorFlow.
+Two models, TensorFlow, AdamW:
+
+* ``transformer``: a plain-Keras transformer, a token embedding, ``blocks``
+  blocks of ``MultiHeadAttention`` and a 4x feed-forward with layer norms,
+  and a ``Dense`` head; width 512, 8 heads, 128 tokens x batch 8;
+* ``cnn``: a ResNet-style CNN, a 3x3 stem and three stages of two residual
+  blocks (64, 128, 256 channels, batch norm), pooled into a ``Dense`` head;
+  32x32x3 images x batch 32.
+
 Every variant trains the same batch:
 
 * ``full``: every weight;
@@ -16,15 +22,21 @@ Every variant trains the same batch:
   of every kernel (the ``"delta"`` form); ``random 1% (remat)``: the same
   under ``keras.RematScope``, where the product is recomputed in the
   backward pass instead of keeping the composed kernel;
-* ``rows 1%`` / ``columns 1%``: whole input rows / output columns of every
-  kernel, in the ``"slices"`` form; ``rows 1% (delta)``: the same mask
-  composed as ``"delta"`` does, to show what the form changes.
+* ``rows 1%`` / ``columns 1%`` (the CNN's ``channels 1%`` / ``filters 1%``):
+  whole input rows / output columns of every kernel (whole input channels /
+  filters of every convolution), in the ``"slices"`` form; ``rows 1%
+  (delta)`` (``filters 1% (delta)``): the same mask composed as ``"delta"``
+  does, to show what the form changes.
 
 Step times come from one process, interleaved rounds (:mod:`.timing`), as
 ratios to ``full`` and to ``floor`` within each round. Memory comes from one
 fresh process per variant: the peak resident set of three steps above what
 the variant holds before them (as :mod:`.memory` measures it), and the
 number of optimizer state values.
+
+``--components`` times the parts of a step instead, interleaved as well:
+composing every kernel, the forward pass and loss, the gradient, and the
+update (``results/real/cpu_transformer_components.csv``).
 """
 
 from __future__ import annotations
@@ -39,30 +51,55 @@ import subprocess
 import sys
 
 RESULTS = pathlib.Path(__file__).parent / "results" / "real"
-VARIANTS = (
-    "full",
-    "floor",
-    "lora4",
-    "lora8",
-    "random 0.1%",
-    "random 1%",
-    "random 10%",
-    "random 1% (remat)",
-    "rows 1%",
-    "rows 1% (delta)",
-    "columns 1%",
-)
+MODELS = ("transformer", "cnn")
+VARIANTS = {
+    "transformer": (
+        "full",
+        "floor",
+        "lora4",
+        "lora8",
+        "random 0.1%",
+        "random 1%",
+        "random 10%",
+        "random 1% (remat)",
+        "rows 1%",
+        "rows 1% (delta)",
+        "columns 1%",
+    ),
+    "cnn": (
+        "full",
+        "floor",
+        "lora4",
+        "lora8",
+        "random 0.1%",
+        "random 1%",
+        "random 10%",
+        "channels 1%",
+        "filters 1%",
+        "filters 1% (delta)",
+    ),
+}
+#: The variants whose steps ``--components`` takes apart.
+COMPONENTS = ("full", "floor", "lora8", "random 1%", "rows 1%")
+#: The side of the kernel each slice variant frees whole.
+_SIDES = {"rows": "in", "channels": "in", "columns": "out", "filters": "out"}
 
 
-def _sizes(quick: bool) -> dict:
+def _sizes(quick: bool, model: str = "transformer") -> dict:
+    if model == "cnn":
+        if quick:
+            return dict(model="cnn", image=8, widths=(8, 16), batch=4, classes=4)
+        return dict(model="cnn", image=32, widths=(64, 128, 256), batch=32, classes=10)
     if quick:
         return dict(vocab=256, width=64, heads=4, blocks=1, tokens=16, batch=4)
     return dict(vocab=1024, width=512, heads=8, blocks=4, tokens=128, batch=8)
 
 
 def build(keras, sizes):
-    """The transformer, built with a fixed seed."""
+    """The model of ``sizes``, built with a fixed seed."""
     keras.utils.set_random_seed(0)
+    if sizes.get("model") == "cnn":
+        return _cnn(keras, sizes)
     width, heads = sizes["width"], sizes["heads"]
     tokens = keras.Input((sizes["tokens"],), dtype="int32")
     h = keras.layers.Embedding(sizes["vocab"], width, name="embedding")(tokens)
@@ -79,22 +116,44 @@ def build(keras, sizes):
     return keras.Model(tokens, keras.layers.Dense(sizes["vocab"], name="head")(h))
 
 
+def _cnn(keras, sizes):
+    layers = keras.layers
+
+    def conv_bn(h, filters, stride, name, relu=True):
+        h = layers.Conv2D(filters, 3, stride, "same", use_bias=False, name=name)(h)
+        h = layers.BatchNormalization(name=name + "_bn")(h)
+        return layers.ReLU()(h) if relu else h
+
+    images = keras.Input((sizes["image"], sizes["image"], 3))
+    h = conv_bn(images, sizes["widths"][0], 1, "stem")
+    for s, width in enumerate(sizes["widths"]):
+        for b in range(2):
+            stride = 2 if s > 0 and b == 0 else 1
+            name = f"s{s}b{b}"
+            r = conv_bn(h, width, stride, name + "_conv1")
+            r = conv_bn(r, width, 1, name + "_conv2", relu=False)
+            if stride != 1 or h.shape[-1] != width:
+                h = layers.Conv2D(
+                    width, 1, stride, use_bias=False, name=name + "_proj"
+                )(h)
+            h = layers.ReLU()(layers.Add()([h, r]))
+    h = layers.GlobalAveragePooling2D()(h)
+    return keras.Model(images, layers.Dense(sizes["classes"], name="head")(h))
+
+
 def _kernel_layers(keras, model):
     from refimpl import _compat
 
-    kinds = (keras.layers.Dense, keras.layers.EinsumDense)
+    kinds = (keras.layers.Dense, keras.layers.EinsumDense, keras.layers.Conv2D)
     return [layer for layer in _compat.sub_layers(model) if type(layer) in kinds]
 
 
-def _slice_mask(layer, keras, np, density, side):
+def _slice_mask(layer, np, density, side):
     """Whole slices of ``layer``'s kernel along its last input (or output) axis."""
     from refimpl import _slices
 
     shape = tuple(layer.kernel.shape)
-    if isinstance(layer, keras.layers.EinsumDense):
-        axes = _slices.kernel_axes(layer.equation)
-    else:
-        axes = (("in", -1), ("out", -1))
+    axes = _slices.layer_axes(layer)
     axis = max(a for a, (s, _) in enumerate(axes) if s == side)
     count = max(1, math.ceil(density * shape[axis]))
     chosen = np.random.default_rng(axis).choice(shape[axis], count, replace=False)
@@ -135,10 +194,8 @@ def variant(name, keras, np, sizes):
             with keras.RematScope(mode="list_of_layers", layer_names=names):
                 return refimpl.partialize(model, masks, train="all", mode="delta")
         return refimpl.partialize(model, masks, train="all", mode="delta")
-    side = "in" if name.startswith("rows") else "out"
-    masks = {
-        layer.path: _slice_mask(layer, keras, np, density, side) for layer in layers
-    }
+    side = _SIDES[name.split()[0]]
+    masks = {layer.path: _slice_mask(layer, np, density, side) for layer in layers}
     mode = "delta" if name.endswith("(delta)") else "slices"
     return refimpl.partialize(model, masks, train="all", mode=mode)
 
@@ -147,7 +204,8 @@ def _freeze_embedding_and_kernels(model, keras):
     """``train="all"`` keeps every other weight as it was; freeze the embedding,
     so that each partial variant trains its kernel entries, the norms and the
     biases, as the floor does."""
-    model.get_layer("embedding").trainable = False
+    if any(layer.name == "embedding" for layer in model.layers):
+        model.get_layer("embedding").trainable = False
 
 
 def step_function(model, keras, tf):
@@ -178,6 +236,10 @@ def _setup_tf():
 
 def _batch(np, sizes):
     rng = np.random.default_rng(0)
+    if sizes.get("model") == "cnn":
+        shape = (sizes["batch"], sizes["image"], sizes["image"], 3)
+        x = rng.normal(size=shape).astype("float32")
+        return x, rng.integers(0, sizes["classes"], sizes["batch"]).astype("int32")
     x = rng.integers(0, sizes["vocab"], (sizes["batch"], sizes["tokens"]))
     return x.astype("int32"), np.roll(x, -1, axis=1).astype("int32")
 
@@ -190,12 +252,12 @@ def _prepared(name, keras, np, tf, sizes):
     return model, step, optimizer
 
 
-def memory_one(name: str, quick: bool) -> dict:
+def memory_one(name: str, quick: bool, model_name: str = "transformer") -> dict:
     """Peak memory of three steps of ``name``, in this (fresh) process."""
     from evidence.benchmarks.memory import _status_mb
 
     keras, np, tf = _setup_tf()
-    sizes = _sizes(quick)
+    sizes = _sizes(quick, model_name)
     x, y = _batch(np, sizes)
     model, step, optimizer = _prepared(name, keras, np, tf, sizes)
     step.get_concrete_function(tf.constant(x), tf.constant(y))
@@ -215,11 +277,11 @@ def memory_one(name: str, quick: bool) -> dict:
     }
 
 
-def timing(names, quick: bool, repeats: int) -> list[dict]:
+def timing(names, quick: bool, repeats: int, model_name="transformer") -> list[dict]:
     from evidence.benchmarks import timing as timer
 
     keras, np, tf = _setup_tf()
-    sizes = _sizes(quick)
+    sizes = _sizes(quick, model_name)
     x, y = _batch(np, sizes)
     steps, counts = {}, {}
     for name in names:
@@ -245,33 +307,120 @@ def timing(names, quick: bool, repeats: int) -> list[dict]:
     return rows
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--memory-one", help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
-    args = parser.parse_args(argv)
-    if args.memory_one:
-        print(json.dumps(memory_one(args.memory_one, args.quick)))
-        return 0
-    tag = "cpu_quick" if args.quick else "cpu"
-    rows = timing(VARIANTS, args.quick, args.repeats)
-    memory = {}
-    for name in VARIANTS:
-        cmd = [sys.executable, "-m", __spec__.name, "--memory-one", name]
-        cmd += ["--quick"] if args.quick else []
-        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        memory[name] = json.loads(done.stdout.strip().splitlines()[-1])
-    for row in rows:
-        row.update(memory[row["variant"]])
-    args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / f"{tag}_transformer.csv", "w", newline="") as out:
+def stages(model, keras, tf):
+    """The parts of a step as functions of ``(x, y)``, each doing one more.
+
+    ``compose``: every partial kernel composed (nothing for a plain model);
+    ``forward``: the forward pass and the loss; ``gradient``: and the
+    gradient; ``step``: and the update.
+    """
+    from refimpl import _compat
+
+    step, _ = step_function(model, keras, tf)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    partial = [
+        layer
+        for layer in _compat.sub_layers(model)
+        if getattr(layer, "partial_free", None) is not None
+    ]
+
+    @tf.function
+    def compose(x, y):
+        return tf.add_n([tf.reduce_sum(layer.kernel) for layer in partial] + [0.0])
+
+    @tf.function
+    def forward(x, y):
+        return loss_fn(y, model(x, training=True))
+
+    @tf.function
+    def gradient(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        return tf.add_n([tf.reduce_sum(g) for g in grads])
+
+    return {"compose": compose, "forward": forward, "gradient": gradient, "step": step}
+
+
+def components(names, quick: bool, repeats: int) -> list[dict]:
+    """Milliseconds of each part of a step of each variant (:func:`stages`)."""
+    from evidence.benchmarks import timing as timer
+
+    keras, np, tf = _setup_tf()
+    sizes = _sizes(quick)
+    x, y = _batch(np, sizes)
+    steps, counts = {}, {}
+    for name in names:
+        model = variant(name, keras, np, sizes)
+        if name != "full":
+            _freeze_embedding_and_kernels(model, keras)
+        for part, function in stages(model, keras, tf).items():
+            steps[name, part] = function
+            target = 0.1 if quick else 0.5
+            counts[name, part] = timer.warm_up(function, x, y, target_s=target)
+    samples = timer.interleaved(steps, x, y, counts, repeats=repeats)
+    ms = {key: float(np.median(value)) * 1e3 for key, value in samples.items()}
+    rows = []
+    for name in names:
+        compose, forward = ms[name, "compose"], ms[name, "forward"]
+        gradient, step = ms[name, "gradient"], ms[name, "step"]
+        rows.append(
+            {
+                "variant": name,
+                "compose_ms": round(compose, 2),
+                "forward_ms": round(forward - compose, 2),
+                "gradient_ms": round(gradient - forward, 2),
+                "update_ms": round(step - gradient, 2),
+                "step_ms": round(step, 2),
+            }
+        )
+    return rows
+
+
+def _write(rows, path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as out:
         writer = csv.DictWriter(out, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
     for row in rows:
         print(row)
+
+
+def _run(model_name, quick, repeats, out):
+    tag = "cpu_quick" if quick else "cpu"
+    names = VARIANTS[model_name]
+    rows = timing(names, quick, repeats, model_name)
+    memory = {}
+    for name in names:
+        cmd = [sys.executable, "-m", __spec__.name, "--memory-one", name]
+        cmd += ["--model", model_name] + (["--quick"] if quick else [])
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        memory[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    for row in rows:
+        row.update(memory[row["variant"]])
+    _write(rows, out / f"{tag}_{model_name}.csv")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=MODELS + ("all",), default="all")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--components", action="store_true")
+    parser.add_argument("--memory-one", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if args.memory_one:
+        print(json.dumps(memory_one(args.memory_one, args.quick, args.model)))
+        return 0
+    if args.components:
+        tag = "cpu_quick" if args.quick else "cpu"
+        rows = components(COMPONENTS, args.quick, args.repeats)
+        _write(rows, args.out / f"{tag}_transformer_components.csv")
+        return 0
+    for model_name in MODELS if args.model == "all" else (args.model,):
+        _run(model_name, args.quick, args.repeats, args.out)
     return 0
 
 

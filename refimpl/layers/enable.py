@@ -54,11 +54,13 @@ def enable_partial(
         mode: ``"delta"``, ``"select"``, ``"auto"``; ``"sparse"`` for
             ``Dense``; ``"slices"`` for a ``Dense`` or ``EinsumDense`` kernel
             free in whole slices (rows, columns, blocks, heads), multiplied
-            through dense sub-products without composing the kernel
-            (:mod:`refimpl._slices`). ``"auto"`` picks ``"slices"`` for whole
-            rows or columns (slices that span an axis) below half the
-            kernel, and otherwise chooses by density
-            (:func:`refimpl.ops.choose_mode`).
+            through dense sub-products without composing the kernel, a
+            convolution's whole filters or input channels, and an
+            ``Embedding``'s whole rows, looked up without composing the
+            table (:mod:`refimpl._slices`). ``"auto"`` picks ``"slices"``
+            for whole rows or columns (slices that span an axis) below half
+            a ``Dense`` or ``EinsumDense`` kernel, and otherwise chooses by
+            density (:func:`refimpl.ops.choose_mode`).
         weight: which weight, for a layer with two that can be partial: a
             ``SeparableConv``'s ``"depthwise_kernel"`` (the default) or
             ``"pointwise_kernel"``, an RNN cell's ``"kernel"`` (the default)
@@ -131,7 +133,8 @@ def check_layout(layer, base, mask, mode, weight=None) -> None:
     num_free = int(np.count_nonzero(mask))
     if mode == "slices":
         positions = np.flatnonzero(to_mask(mask, tuple(base.shape), name="mask"))
-        _slices.check(layer, positions, tuple(base.shape), weight or "kernel")
+        name = weight or weight_names(layer)[0]
+        _slices.check(layer, positions, tuple(base.shape), name)
     if mode == "auto":
         mode = mode_for(num_free, tuple(base.shape), jit_compile=False)
     _layouts.check_named(layer, base, num_free, select=mode == "select")

@@ -94,8 +94,10 @@ class PartialWeightMixin:
             mode = mode_for(num_free, shape, jit_compile=False)
             auto = mode != "select"
             # Whole rows or columns (slices that span an axis) below half
-            # the kernel: the benchmark's real-model rows and columns.
-            if num_free < size / 2 and self._partial_slice_axes() is not None:
+            # a Dense or EinsumDense kernel: the benchmark's real-model rows
+            # and columns.
+            axes = self._partial_slice_axes()
+            if num_free < size / 2 and _slices.is_matrix_product(axes):
                 sets = positions is not None and _slices.rectangle(positions, shape)
                 if sets and any(axis is None for axis in sets):
                     mode, auto = "slices", False
