@@ -9,7 +9,7 @@
 #   make browser  build the book and check it in headless Chromium, offline
 #   make execute  re-run every notebook in place after editing it
 #   make bench    run the benchmarks and rewrite evidence/benchmarks/results/
-#                 (one layer; a transformer in results/real/)
+#                 (one layer; a transformer and a CNN in results/real/)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -115,6 +115,7 @@ execute: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m evidence.benchmarks.run
 	$(BIN)/python -m evidence.benchmarks.real_models
+	$(BIN)/python -m evidence.benchmarks.real_models --components
 
 clean:
 	rm -rf _build

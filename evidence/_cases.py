@@ -214,6 +214,25 @@ def sparse_dense_layer(init, mask, policy="float32"):
     return partial_dense_layer(init, mask, policy, mode="sparse")
 
 
+def slices_dense_layer(init, mask, policy="float32"):
+    """A :class:`refimpl.PartialDense` with ``mode="slices"`` (whole rows)."""
+    check_rows(mask)
+    return partial_dense_layer(init, mask, policy, mode="slices")
+
+
+def check_rows(mask: np.ndarray) -> None:
+    """Raise unless ``mask`` is whole rows (input features), at least one."""
+    rows = mask.any(axis=1)
+    if not rows.any() or not np.array_equal(
+        mask, np.repeat(rows[:, None], mask.shape[1], 1)
+    ):
+        raise ValueError(
+            "For the slices form, `mask` must be whole rows of the kernel. "
+            f"Received a mask with {int(mask.sum())} entries that is not"
+            " (every entry of a row, or none)"
+        )
+
+
 def diagonal_dense_layer(init, mask, policy="float32"):
     check_diagonal(mask)
     layer = _built(refimpl.DiagonalDense(dtype=policy), init.shape[0])

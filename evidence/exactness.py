@@ -141,7 +141,8 @@ def mask_for(technique, mask) -> np.ndarray:
 
     ``mask`` itself for a technique that takes any mask; for a structured
     layer, its own structure of the same size: the tridiagonal band
-    (``mask="band"``) or the main diagonal (``mask="diagonal"``).
+    (``mask="band"``), the main diagonal (``mask="diagonal"``) or every
+    third row, whole (``mask="rows"``, the slices form).
 
     >>> mask_for("banded_dense", np.zeros((3, 3), bool)).astype(int)
     array([[1, 1, 0],
@@ -155,6 +156,8 @@ def mask_for(technique, mask) -> np.ndarray:
     n = mask.shape[0]
     if technique.mask == "band":
         return np.abs(np.subtract.outer(np.arange(n), np.arange(n))) <= 1
+    if technique.mask == "rows":  # every third row, whole
+        return np.repeat((np.arange(n) % 3 == 1)[:, None], n, axis=1)
     return np.eye(n, dtype=bool)
 
 
@@ -297,4 +300,6 @@ def _check(technique, optimizer, mask, steps, dtype, execution):
         _cases.band_widths(mask)
     elif technique.mask == "diagonal":
         _cases.check_diagonal(mask)
+    elif technique.mask == "rows":
+        _cases.check_rows(mask)
     return technique, mask, optimizer

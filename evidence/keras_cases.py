@@ -51,6 +51,23 @@ def partial_dense(mode):
     return build
 
 
+#: Whole rows of the 6 x 4 kernel (input features 1 and 4), for the slices form.
+ROWS = np.repeat(np.isin(np.arange(N_IN), [1, 4])[:, None], N_OUT, axis=1)
+
+
+def slices(init, optimizer):
+    start = keras.initializers.Constant(init)
+    layer = refimpl.PartialDense(
+        N_OUT,
+        ROWS,
+        mode="slices",
+        use_bias=False,
+        kernel_initializer=start,
+        name="dense",
+    )
+    return keras.Sequential([keras.Input((N_IN,)), layer]), optimizer, ROWS
+
+
 def freeze_entries(init, optimizer):
     model = _dense(init, kernel_constraint=refimpl.FreezeEntries(init, MASK))
     return model, optimizer, MASK

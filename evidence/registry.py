@@ -47,7 +47,7 @@ REPARAMETRIZE = "reparametrize"
 RESTRICT = "restrict the update"
 FAMILIES = (RESTRICT, REPARAMETRIZE)
 #: The masks a technique accepts: any, a band around the diagonal, the diagonal.
-MASK_KINDS = ("any", "band", "diagonal")
+MASK_KINDS = ("any", "band", "diagonal", "rows")
 _DENSITY_KINDS = ("swept", "fixed", None)
 
 
@@ -280,6 +280,18 @@ TECHNIQUES: tuple[Technique, ...] = (
         setup=_Lazy("layer_setup", _Lazy("partial_dense_layer")),
         fit=_Lazy("fit_layer", _Lazy("partial_dense_layer")),
         keras_fit=keras_cases.partial_dense("delta"),
+    ),
+    # The slices form: whole rows of the kernel, through a dense sub-product
+    # (refimpl._slices); the kernel is never composed.
+    Technique(
+        id="partial_slices",
+        label="slices form",
+        family=REPARAMETRIZE,
+        exact=True,
+        setup=_Lazy("layer_setup", _Lazy("slices_dense_layer")),
+        mask="rows",
+        fit=_Lazy("fit_layer", _Lazy("slices_dense_layer")),
+        keras_fit=keras_cases.slices,
     ),
     Technique(
         id="partialize",

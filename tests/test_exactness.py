@@ -44,6 +44,7 @@ BAD = [
         "1",
     ),
     ("not_the_diagonal", lambda: _drift("diagonal_dense", mask=ALL), "mask", "9"),
+    ("not_whole_rows", lambda: _drift("partial_slices", mask=EYE), "mask", "3"),
     (
         "negative_decay",
         lambda: exactness.keras_optimizers(weight_decay=-1.0),
@@ -128,6 +129,9 @@ def test_mask_for_keeps_any_mask_and_builds_the_structured_ones():
     )
     band = exactness.mask_for("banded_dense", mask)
     assert band.sum() == 4 + 2 * 3 and band[0, 1] and not band[0, 2]
+    rows = exactness.mask_for("partial_slices", mask)
+    np.testing.assert_array_equal(rows.any(axis=1), [False, True, False, False])
+    assert rows[1].all() and rows.sum() == 4
 
 
 def test_the_matrix_rows_are_the_registry_techniques_with_a_setup():

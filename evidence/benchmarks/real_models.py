@@ -35,8 +35,9 @@ the variant holds before them (as :mod:`.memory` measures it), and the
 number of optimizer state values.
 
 ``--components`` times the parts of a step instead, interleaved as well:
-composing every kernel, the forward pass and loss, the gradient, and the
-update (``results/real/cpu_transformer_components.csv``).
+composing the kernels, the forward pass and loss (less the composing), the
+gradient (what forward and gradient take beyond the forward), and the update
+alone (``results/real/cpu_transformer_components.csv``).
 """
 
 from __future__ import annotations
@@ -308,38 +309,63 @@ def timing(names, quick: bool, repeats: int, model_name="transformer") -> list[d
 
 
 def stages(model, keras, tf):
-    """The parts of a step as functions of ``(x, y)``, each doing one more.
+    """The parts of a step as functions of ``(x, y)``.
 
-    ``compose``: every partial kernel composed (nothing for a plain model);
-    ``forward``: the forward pass and the loss; ``gradient``: and the
-    gradient; ``step``: and the update.
+    ``compose``: every kernel a partial layer's call composes (none for a
+    plain model, none in the ``"slices"`` form); ``forward``: the forward
+    pass and the loss; ``gradient``: and the gradient; ``update``: the
+    optimizer's update alone, applying gradients computed once; ``step``:
+    the whole training step.
     """
     from refimpl import _compat
+    from refimpl.layers import _products
 
-    step, _ = step_function(model, keras, tf)
+    step, optimizer = step_function(model, keras, tf)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    partial = [
+    composing = [
         layer
         for layer in _compat.sub_layers(model)
         if getattr(layer, "partial_free", None) is not None
+        and not _products.takes_over(layer)
     ]
 
     @tf.function
     def compose(x, y):
-        return tf.add_n([tf.reduce_sum(layer.kernel) for layer in partial] + [0.0])
+        return tf.add_n([tf.reduce_sum(layer.kernel) for layer in composing] + [0.0])
 
     @tf.function
     def forward(x, y):
         return loss_fn(y, model(x, training=True))
 
-    @tf.function
-    def gradient(x, y):
+    def gradients(x, y):
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        return tf.add_n([tf.reduce_sum(g) for g in grads])
+        return tape.gradient(loss, model.trainable_variables)
 
-    return {"compose": compose, "forward": forward, "gradient": gradient, "step": step}
+    @tf.function
+    def gradient(x, y):
+        return tf.add_n([tf.reduce_sum(g) for g in gradients(x, y)])
+
+    fixed = None
+
+    @tf.function
+    def apply(grads):
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return tf.constant(0.0)
+
+    def update(x, y):
+        nonlocal fixed
+        if fixed is None:  # the gradients of the batch, computed once
+            fixed = [tf.convert_to_tensor(g) for g in tf.function(gradients)(x, y)]
+        return apply(fixed)
+
+    return {
+        "compose": compose,
+        "forward": forward,
+        "gradient": gradient,
+        "update": update,
+        "step": step,
+    }
 
 
 def components(names, quick: bool, repeats: int) -> list[dict]:
@@ -363,15 +389,15 @@ def components(names, quick: bool, repeats: int) -> list[dict]:
     rows = []
     for name in names:
         compose, forward = ms[name, "compose"], ms[name, "forward"]
-        gradient, step = ms[name, "gradient"], ms[name, "step"]
+        gradient, update = ms[name, "gradient"], ms[name, "update"]
         rows.append(
             {
                 "variant": name,
                 "compose_ms": round(compose, 2),
                 "forward_ms": round(forward - compose, 2),
                 "gradient_ms": round(gradient - forward, 2),
-                "update_ms": round(step - gradient, 2),
-                "step_ms": round(step, 2),
+                "update_ms": round(update, 2),
+                "step_ms": round(ms[name, "step"], 2),
             }
         )
     return rows
