@@ -48,6 +48,10 @@ _FLOAT = {"density", "median_ms", "q25_ms", "q75_ms", "ratio_to_dense"}
 _FLOAT |= {"ratio_q25", "ratio_q75"}
 # The memory table's measurements (``evidence.benchmarks.memory``).
 _FLOAT |= {"resident_mb", "peak_mb", "step_mb", "n2_mb"}
+# The real-model tables' (``evidence.benchmarks.real_models``).
+_INT |= {"trainable_values"}
+_FLOAT |= {"step_ms", "compose_ms", "forward_ms", "gradient_ms", "update_ms"}
+_FLOAT |= {f"vs_{to}{q}" for to in ("full", "floor") for q in ("", "_q25", "_q75")}
 
 
 def __getattr__(name: str):
