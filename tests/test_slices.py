@@ -51,6 +51,17 @@ def _fit(model):
     return model
 
 
+def _assert_trained_as_delta(layers, references, start):
+    """Frozen bits kept, free entries moved, as the "delta" form moved them."""
+    for layer, reference, before in zip(layers, references, start):
+        after = _numpy(layer.kernel)
+        assert_frozen(before, after, layer.trainable_mask)
+        assert not np.array_equal(after, before)
+        np.testing.assert_allclose(
+            after, _numpy(reference.kernel), rtol=1e-4, atol=1e-5
+        )
+
+
 @pytest.mark.parametrize(
     "positions, shape, expected",
     [
@@ -98,13 +109,7 @@ def test_outputs_bit_identical_fit_exact_and_as_delta(mode):
     delta = refimpl.partialize(model, _masks(), mode="delta")
     _fit(converted)
     _fit(delta)
-    for layer, reference, before in zip(layers, _partial(delta), start):
-        after = _numpy(layer.kernel)
-        assert_frozen(before, after, layer.trainable_mask)
-        assert not np.array_equal(after, before)
-        np.testing.assert_allclose(
-            after, _numpy(reference.kernel), rtol=1e-4, atol=1e-5
-        )
+    _assert_trained_as_delta(layers, _partial(delta), start)
 
 
 def test_auto_picks_slices_only_for_whole_slices():
@@ -173,13 +178,7 @@ def test_convolutions_whole_filters_and_channels():
     for trained in (converted, delta):
         trained.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
         trained.fit(x, y, batch_size=5, epochs=3, verbose=0)
-    for layer, reference, before in zip(layers, _partial(delta), start):
-        after = _numpy(layer.kernel)
-        assert_frozen(before, after, layer.trainable_mask)
-        assert not np.array_equal(after, before)
-        np.testing.assert_allclose(
-            after, _numpy(reference.kernel), rtol=1e-4, atol=1e-5
-        )
+    _assert_trained_as_delta(layers, _partial(delta), start)
     # auto keeps the composed forms for a convolution (not measured faster)
     auto = refimpl.partialize(model, _cnn_masks(), mode="auto")
     assert "slices" not in {layer.partial_mode for layer in _partial(auto)}

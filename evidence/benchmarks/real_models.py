@@ -53,32 +53,20 @@ import sys
 
 RESULTS = pathlib.Path(__file__).parent / "results" / "real"
 MODELS = ("transformer", "cnn")
+#: The variants both models run: the references, LoRA and random masks.
+_SHARED = (
+    "full",
+    "floor",
+    "lora4",
+    "lora8",
+    "random 0.1%",
+    "random 1%",
+    "random 10%",
+)
 VARIANTS = {
-    "transformer": (
-        "full",
-        "floor",
-        "lora4",
-        "lora8",
-        "random 0.1%",
-        "random 1%",
-        "random 10%",
-        "random 1% (remat)",
-        "rows 1%",
-        "rows 1% (delta)",
-        "columns 1%",
-    ),
-    "cnn": (
-        "full",
-        "floor",
-        "lora4",
-        "lora8",
-        "random 0.1%",
-        "random 1%",
-        "random 10%",
-        "channels 1%",
-        "filters 1%",
-        "filters 1% (delta)",
-    ),
+    "transformer": _SHARED
+    + ("random 1% (remat)", "rows 1%", "rows 1% (delta)", "columns 1%"),
+    "cnn": _SHARED + ("channels 1%", "filters 1%", "filters 1% (delta)"),
 }
 #: The variants whose steps ``--components`` takes apart.
 COMPONENTS = ("full", "floor", "lora8", "random 1%", "rows 1%")
