@@ -220,6 +220,12 @@ def slices_dense_layer(init, mask, policy="float32"):
     return partial_dense_layer(init, mask, policy, mode="slices")
 
 
+def rows_mask(n: int) -> np.ndarray:
+    """Every third row of an ``n x n`` mask, whole, from row 1 (row 0 if ``n`` is 1)."""
+    chosen = np.arange(n) % 3 == min(1, n - 1)
+    return np.repeat(chosen[:, None], n, axis=1)
+
+
 def check_rows(mask: np.ndarray) -> None:
     """Raise unless ``mask`` is whole rows (input features), at least one."""
     rows = mask.any(axis=1)

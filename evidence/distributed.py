@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 import refimpl
-from evidence import registry
+from evidence import _cases, registry
 
 #: The techniques :func:`train` knows: every exact technique of the registry
 #: that has a setup. Each trains with a custom loop around ``strategy.run``.
@@ -55,7 +55,8 @@ def problem(technique="partial_delta") -> dict[str, np.ndarray]:
 
     Every technique trains the same data. A technique that takes any mask, or
     a band, frees the diagonal and the one above it; one that takes only the
-    diagonal (``diagonal_dense``) frees the diagonal. A structured layer holds
+    diagonal (``diagonal_dense``) frees the diagonal; the slices form
+    (``partial_slices``) frees whole rows. A structured layer holds
     only its free values, so its frozen entries start at zero.
 
     >>> sorted(problem())
@@ -71,6 +72,8 @@ def problem(technique="partial_delta") -> dict[str, np.ndarray]:
     mask = np.eye(4, dtype=bool)
     if technique.mask != "diagonal":
         mask |= np.eye(4, k=1, dtype=bool)
+    if technique.mask == "rows":
+        mask = _cases.rows_mask(4)
     if technique.mask != "any":
         initial = np.where(mask, initial, np.float32(0.0))
     return {"x": x, "y": y, "initial": initial, "mask": mask}

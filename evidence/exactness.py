@@ -156,8 +156,8 @@ def mask_for(technique, mask) -> np.ndarray:
     n = mask.shape[0]
     if technique.mask == "band":
         return np.abs(np.subtract.outer(np.arange(n), np.arange(n))) <= 1
-    if technique.mask == "rows":  # every third row, whole
-        return np.repeat((np.arange(n) % 3 == 1)[:, None], n, axis=1)
+    if technique.mask == "rows":
+        return _cases.rows_mask(n)
     return np.eye(n, dtype=bool)
 
 

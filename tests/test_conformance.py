@@ -194,6 +194,10 @@ def _cases(draw):
         mask = (offsets <= lower) & (-offsets <= upper)
     elif kind == "diagonal":
         mask = np.eye(n, dtype=bool)
+    elif kind == "rows":  # whole rows, at least one
+        rows = np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+        rows[draw(st.integers(0, n - 1))] = True
+        mask = np.repeat(rows[:, None], n, axis=1)
     else:
         mask = _mask(n, draw(st.floats(0.0, 1.0)), draw(st.integers(0, 2**16)))
     return technique, optimizer, mask, draw(st.integers(0, 2**16))
