@@ -1,4 +1,4 @@
-"""A tiny character-level GPT-2 and the real text it learns, for chapter 13.
+"""A tiny character-level GPT-2 and the real text it learns, for chapter 11.
 
 Python ships two kinds of real text: its English reference documentation
 (``pydoc_data.topics``) and the source code of its standard library. The

@@ -246,7 +246,7 @@ def test_under_mixed_float16_the_value_is_float16_inside_call(where, mixed_float
 
 
 def _chapter_08_mask():
-    """Chapter 08's mask: 6x6, about 28% free, a frozen last row and column."""
+    """Chapter 14's mask: 6x6, about 28% free, a frozen last row and column."""
     mask = np.random.default_rng(0).random((6, 6)) < 0.5
     mask[-1, :] = mask[:, -1] = False
     return mask
