@@ -87,6 +87,7 @@ fast: $(STAMP)
 
 check-book: $(STAMP)
 	$(BIN)/python tools/check_book.py
+	$(BIN)/python tools/check_numbers.py
 
 notebooks: $(STAMP)
 	$(BIN)/python -m pytest -q --nbval --nbval-current-env \
