@@ -99,6 +99,11 @@ def partialize(
         ValueError: for a model that is not built, or a key that names no
             layer or weight of the model, or a mask that does not fit, or a
             ``LayoutMap`` entry named for a partial weight that does not fit it.
+
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")])
+    >>> converted = partialize(model, {"d": [[0, 0], [2, 1]]})
+    >>> [(w.name, tuple(w.shape)) for w in converted.trainable_weights]  # bias frozen
+    [('partial_free', (2,))]
     """
     _check_model(model, "partialize", allow_subclassed=in_place)
     if not isinstance(layer_masks, dict):
@@ -162,6 +167,11 @@ def partial_layers(model) -> list[dict]:
     Each record has the layer's ``path``, its ``class``, the ``weight`` that
     is partial (``"kernel"``, ``"recurrent_kernel"``), ``num_free`` and
     ``size`` (entries of its partial weight).
+
+    >>> layers = [keras.Input((3,)), keras.layers.Dense(2, name="d")]
+    >>> model = partialize(keras.Sequential(layers, name="net"), {"d": [[0, 0]]})
+    >>> [(r["path"], r["class"], r["num_free"]) for r in partial_layers(model)]
+    [('net/d', 'PartialDense', 1)]
     """
     return [
         {
@@ -229,6 +239,16 @@ def merge(model, *, in_place: bool = False):
             model without ``in_place=True``.
         ValueError: for a model that is not built, or a refimpl object that
             has no plain Keras form where it sits (named in the message).
+
+    >>> from refimpl import DiagonalDense
+    >>> model = keras.Sequential([keras.Input((3,)), DiagonalDense(name="d")])
+    >>> merged = merge(model)
+    >>> type(merged.get_layer("d")).__name__, merged.get_layer("d").units
+    ('Dense', 3)
+    >>> x = np.arange(3.0, dtype="float32")[None]
+    >>> outputs = [keras.ops.convert_to_numpy(m(x)) for m in (model, merged)]
+    >>> bool(np.array_equal(*outputs))  # the same products
+    True
     """
     _check_model(model, "merge", allow_subclassed=in_place)
     if not isinstance(in_place, bool):

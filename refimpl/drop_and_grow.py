@@ -116,6 +116,14 @@ def regrow(model, data, *, fraction, loss=None, batches=1, batch_size=32, start=
         TypeError, ValueError: for bad arguments, naming them; ValueError for a
             model with no trainable partial layer, or an optimizer whose state
             cannot be reset per entry.
+
+    >>> import refimpl
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="d")])
+    >>> model = refimpl.partialize(model, {"d": np.eye(4, 3, dtype=bool)})
+    >>> data = np.ones((8, 4)), np.zeros((8, 3))
+    >>> [record] = regrow(model, data, fraction=0.34, loss="mse")
+    >>> len(record["dropped"]), len(record["grown"]), model.get_layer("d").num_free
+    (1, 1, 3)
     """
     fraction = _check_fraction(fraction)
     batches, batch_size = (

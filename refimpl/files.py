@@ -110,6 +110,13 @@ def save_partial_weights(model, path) -> dict:
             ``path`` type.
         ValueError: for a ``path`` not ending in ``.npz``, or a model with no
             partial layer.
+
+    >>> import tempfile, refimpl
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")])
+    >>> model = refimpl.partialize(model, {"d": [[0, 0], [2, 1]]})
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     save_partial_weights(model, os.path.join(folder, "tuned.npz"))
+    {'partial': {'d/kernel': 2}, 'full': {}}
     """
     _check_model(model)
     path = _check_path(path, "save_partial_weights")
@@ -166,6 +173,17 @@ def load_partial_weights(model, path) -> None:
         ValueError: for a file that is not one of these, a weight it names that
             ``model`` does not have, or a base whose shape, dtype or values
             differ from the one the entries were trained on.
+
+    >>> import tempfile, refimpl
+    >>> plain = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")])
+    >>> tuned = refimpl.partialize(plain, {"d": [[0, 0]]})
+    >>> _ = tuned.get_layer("d").partial_free.assign([5.0])  # as if trained
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     path = os.path.join(folder, "tuned.npz")
+    ...     _ = save_partial_weights(tuned, path)
+    ...     load_partial_weights(plain, path)
+    >>> float(plain.get_weights()[0][0, 0])  # the plain kernel has the entry
+    5.0
     """
     _check_model(model)
     path = _check_path(path, "load_partial_weights")

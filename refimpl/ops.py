@@ -234,6 +234,9 @@ def xla_enabled() -> bool:
 
     Always under JAX, never under PyTorch; under TensorFlow, inside a function
     with ``jit_compile=True``.
+
+    >>> xla_enabled() == (backend.name == "jax")  # outside any compiled function
+    True
     """
     if backend.name == "jax":
         return True

@@ -31,6 +31,12 @@ def plot_mask(mask, *, ax=None, title: str | None = None, values=None, moved=Non
 
     Returns:
         The matplotlib axes.
+
+    >>> ax = plot_mask([[True, False], [False, True]], title="diagonal")
+    >>> ax.get_title(), ax.images[0].get_array().tolist()  # 1 = trainable
+    ('diagonal', [[1, 0], [0, 1]])
+    >>> import matplotlib.pyplot as plt
+    >>> plt.close(ax.figure)
     """
     shape = np.shape(values) if values is not None else np.shape(mask)
     grid = to_mask(mask, shape)

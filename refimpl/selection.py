@@ -101,6 +101,13 @@ def fisher_scores(model, x, y, *, loss, batch_size: int = 32, batches: int = 4):
 
     Returns:
         A dict from each trainable weight's path to a NumPy array of its shape.
+
+    >>> dense = keras.layers.Dense(1, kernel_initializer="ones", name="d")
+    >>> model = keras.Sequential([keras.Input((2,)), dense], name="net")
+    >>> x, y = np.ones((4, 2)), np.zeros((4, 1))
+    >>> scores = fisher_scores(model, x, y, loss="mse", batch_size=2, batches=2)
+    >>> {path: score.tolist() for path, score in scores.items()}
+    {'net/d/kernel': [[32.0], [32.0]], 'net/d/bias': [32.0]}
     """
     if not isinstance(model, keras.Model):
         raise TypeError(
@@ -133,7 +140,12 @@ def fisher_scores(model, x, y, *, loss, batch_size: int = 32, batches: int = 4):
 
 
 def fisher_mask(scores, *, k=None, fraction=None) -> np.ndarray:
-    """The ``k`` entries with the largest Fisher score (see :func:`fisher_scores`)."""
+    """The ``k`` entries with the largest Fisher score (see :func:`fisher_scores`).
+
+    >>> fisher_mask([[4.0, 0.5], [0.1, 9.0]], k=2).astype(int)
+    array([[1, 0],
+           [0, 1]])
+    """
     return top_k_mask(scores, k=k, fraction=fraction)
 
 
@@ -175,7 +187,13 @@ def diagonal_mask(shape) -> np.ndarray:
 
 
 def band_mask(shape, lower: int, upper: int) -> np.ndarray:
-    """The band of ``lower`` sub- and ``upper`` super-diagonals of a matrix."""
+    """The band of ``lower`` sub- and ``upper`` super-diagonals of a matrix.
+
+    >>> band_mask((3, 3), 1, 0).astype(int)
+    array([[1, 0, 0],
+           [1, 1, 0],
+           [0, 1, 1]])
+    """
     shape = normalize_shape(shape)
     if len(shape) != 2:
         raise ValueError(f"`shape` must be 2-D. Received: shape={shape}")

@@ -73,6 +73,14 @@ def require_tensorflow(what: str) -> None:
 
     The TensorFlow-level teaching code (``tf`` tensors, ``tf.distribute``,
     the SciPy minimizer on ``tf.Variable`` s) calls this first.
+
+    >>> try:
+    ...     require_tensorflow("my TensorFlow-level code")
+    ...     runs = True
+    ... except ImportError:
+    ...     runs = False
+    >>> runs == (name == "tensorflow")
+    True
     """
     if name != "tensorflow":
         raise ImportError(

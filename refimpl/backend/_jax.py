@@ -9,6 +9,14 @@ import numpy as np
 
 
 def read_now(variable) -> np.ndarray:
+    """The current value of ``variable`` as NumPy, also while a function is traced.
+
+    Raises a ``ValueError`` inside ``fit``'s traced step, where Keras holds the
+    value in the step's state.
+
+    >>> read_now(keras.Variable([1.0, 2.0]))
+    array([1., 2.], dtype=float32)
+    """
     value = try_read_now(variable)
     if value is None:
         raise ValueError(
@@ -19,6 +27,11 @@ def read_now(variable) -> np.ndarray:
 
 
 def try_read_now(variable) -> np.ndarray | None:
+    """The current value of ``variable`` as NumPy, or ``None`` inside ``fit``'s step.
+
+    >>> try_read_now(keras.Variable([3.0]))
+    array([3.], dtype=float32)
+    """
     # Inside a traced function a Keras variable's value is the traced one;
     # `_value` is the concrete array it holds, except during `fit`, where
     # Keras' JAX trainer moves it into the step's state (then: None).
@@ -31,18 +44,46 @@ def try_read_now(variable) -> np.ndarray | None:
 
 
 def bool_constant(array):
+    """A boolean NumPy mask as a tensor of this backend.
+
+    >>> keras.ops.convert_to_numpy(bool_constant([[True, False]]))
+    array([[ True, False]])
+    """
     return jnp.asarray(np.asarray(array, dtype=bool))
 
 
 def mask_sparse_gradient(grad, keep):
+    """``None``: JAX gradients are dense arrays, which the caller masks itself.
+
+    >>> print(mask_sparse_gradient(keras.ops.ones(2), np.ones(2, bool)))
+    None
+    """
     return None  # JAX gradients are dense arrays
 
 
 def assign_on_every_replica(var, value) -> None:
+    """``var.assign(value)`` (JAX has no replica functions to care about).
+
+    >>> v = keras.Variable([1.0, 2.0])
+    >>> assign_on_every_replica(v, [3.0, 4.0])
+    >>> keras.ops.convert_to_numpy(v)
+    array([3., 4.], dtype=float32)
+    """
     var.assign(value)
 
 
 def batch_gradients(model, loss_of_outputs, x) -> list:
+    """The gradients of ``loss_of_outputs(model(x))`` for the trainable weights.
+
+    One NumPy array per ``model.trainable_variables`` entry (zeros where the
+    loss does not depend on it).
+
+    >>> dense = keras.layers.Dense(1, kernel_initializer="ones")
+    >>> model = keras.Sequential([keras.Input((2,)), dense])
+    >>> grads = batch_gradients(model, keras.ops.sum, np.ones((3, 2), "float32"))
+    >>> [g.tolist() for g in grads]  # the kernel's, then the bias'
+    [[[3.0], [3.0]], [3.0]]
+    """
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]
 
@@ -54,6 +95,15 @@ def batch_gradients(model, loss_of_outputs, x) -> list:
 
 
 def variable_gradients(model, loss_of_outputs, x, variables) -> list:
+    """The same for the chosen ``variables`` of ``model``, frozen ones included.
+
+    >>> dense = keras.layers.Dense(1, kernel_initializer="ones", trainable=False)
+    >>> model = keras.Sequential([keras.Input((2,)), dense])
+    >>> x = np.ones((3, 2), "float32")
+    >>> [grad] = variable_gradients(model, keras.ops.sum, x, [dense.kernel])
+    >>> grad.tolist()  # of a frozen kernel
+    [[3.0], [3.0]]
+    """
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]
     ids = [id(v) for v in variables]
@@ -80,8 +130,20 @@ def variable_gradients(model, loss_of_outputs, x, variables) -> list:
 
 
 def is_variable(value) -> bool:
+    """Whether ``value`` is a ``keras.Variable``.
+
+    >>> is_variable(keras.Variable(1.0)), is_variable(np.ones(2))
+    (True, False)
+    """
     return isinstance(value, keras.Variable)
 
 
 def is_symbolic(value) -> bool:
+    """Whether ``value`` has no value yet: a JAX tracer, inside a traced function.
+
+    >>> seen = []
+    >>> _ = jax.jit(lambda x: seen.append(is_symbolic(x)) or x)(1.0)
+    >>> is_symbolic(jnp.ones(2)), seen
+    (False, [True])
+    """
     return isinstance(value, jax.core.Tracer)

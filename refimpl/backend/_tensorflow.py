@@ -8,16 +8,31 @@ import tensorflow as tf
 
 
 def read_now(variable) -> np.ndarray:
+    """The current value of ``variable`` as NumPy, also while a function is traced.
+
+    >>> read_now(keras.Variable([1.0, 2.0]))
+    array([1., 2.], dtype=float32)
+    """
     # init_scope lifts the read out of a function being traced.
     with tf.init_scope():
         return keras.ops.convert_to_numpy(variable.value)
 
 
 def try_read_now(variable) -> np.ndarray | None:
+    """:func:`read_now`: TensorFlow knows the value everywhere, so never ``None``.
+
+    >>> try_read_now(keras.Variable([3.0]))
+    array([3.], dtype=float32)
+    """
     return read_now(variable)
 
 
 def bool_constant(array):
+    """A boolean NumPy mask as a tensor of this backend.
+
+    >>> keras.ops.convert_to_numpy(bool_constant([[True, False]]))
+    array([[ True, False]])
+    """
     # tf.constant of a large bool array is slow (seconds at 4096 x 4096 inside
     # tf.function); the same bytes as uint8 are copied at once and cast.
     array = np.ascontiguousarray(array, dtype=bool)
@@ -25,6 +40,15 @@ def bool_constant(array):
 
 
 def mask_sparse_gradient(grad, keep):
+    """Zero a ``tf.IndexedSlices`` gradient where ``keep`` (the variable's mask)
+    is False; ``None`` for a dense gradient, which the caller masks itself.
+
+    >>> grad = tf.IndexedSlices(tf.ones((2, 2)), tf.constant([0, 2]), (3, 2))
+    >>> keep = tf.constant([[True, False], [True, True], [False, True]])
+    >>> keras.ops.convert_to_numpy(mask_sparse_gradient(grad, keep).values)
+    array([[1., 0.],
+           [0., 1.]], dtype=float32)
+    """
     if not isinstance(grad, tf.IndexedSlices):
         return None
     rows = tf.gather(keep, grad.indices)
@@ -33,6 +57,13 @@ def mask_sparse_gradient(grad, keep):
 
 
 def assign_on_every_replica(var, value) -> None:
+    """``var.assign(value)``, also correct inside a ``tf.distribute`` replica function.
+
+    >>> v = keras.Variable([1.0, 2.0])
+    >>> assign_on_every_replica(v, [3.0, 4.0])
+    >>> keras.ops.convert_to_numpy(v)
+    array([3., 4.], dtype=float32)
+    """
     # In replica context a plain assign to a mirrored variable is aggregated
     # by the variable's `aggregation` (with SUM the replicas' writes add up).
     # Every replica computes the same value for its own copy, so the write
@@ -51,6 +82,17 @@ def assign_on_every_replica(var, value) -> None:
 
 
 def batch_gradients(model, loss_of_outputs, x) -> list:
+    """The gradients of ``loss_of_outputs(model(x))`` for the trainable weights.
+
+    One NumPy array per ``model.trainable_variables`` entry (``None`` where the
+    loss does not depend on it).
+
+    >>> dense = keras.layers.Dense(1, kernel_initializer="ones")
+    >>> model = keras.Sequential([keras.Input((2,)), dense])
+    >>> grads = batch_gradients(model, keras.ops.sum, np.ones((3, 2), "float32"))
+    >>> [g.tolist() for g in grads]  # the kernel's, then the bias'
+    [[[3.0], [3.0]], [3.0]]
+    """
     variables = model.trainable_variables
     with tf.GradientTape() as tape:
         value = loss_of_outputs(model(x, training=False))
@@ -59,6 +101,15 @@ def batch_gradients(model, loss_of_outputs, x) -> list:
 
 
 def variable_gradients(model, loss_of_outputs, x, variables) -> list:
+    """The same for the chosen ``variables`` of ``model``, frozen ones included.
+
+    >>> dense = keras.layers.Dense(1, kernel_initializer="ones", trainable=False)
+    >>> model = keras.Sequential([keras.Input((2,)), dense])
+    >>> x = np.ones((3, 2), "float32")
+    >>> [grad] = variable_gradients(model, keras.ops.sum, x, [dense.kernel])
+    >>> grad.tolist()  # of a frozen kernel
+    [[3.0], [3.0]]
+    """
     with tf.GradientTape() as tape:
         for v in variables:  # frozen variables too
             tape.watch(v.value)
@@ -68,8 +119,19 @@ def variable_gradients(model, loss_of_outputs, x, variables) -> list:
 
 
 def is_variable(value) -> bool:
+    """Whether ``value`` is a variable: a ``keras.Variable`` or a ``tf.Variable``.
+
+    >>> is_variable(keras.Variable(1.0)), is_variable(np.ones(2))
+    (True, False)
+    """
     return isinstance(value, (tf.Variable, keras.Variable))
 
 
 def is_symbolic(value) -> bool:
+    """Whether ``value`` has no value yet: inside a traced ``tf.function``.
+
+    >>> traced = tf.function(lambda: is_symbolic(tf.ones(2)))
+    >>> is_symbolic(tf.ones(2)), bool(traced())
+    (False, True)
+    """
     return not tf.executing_eagerly() or not hasattr(value, "numpy")

@@ -148,7 +148,11 @@ PARTIAL_CLASSES = types.MappingProxyType(_PLAIN_TO_PARTIAL)
 
 def supported_classes() -> tuple[type, ...]:
     """The Keras layer classes that have a partial class (and keras-hub's, once
-    made: its ``ReversibleEmbedding`` and ``PositionEmbedding``)."""
+    made: its ``ReversibleEmbedding`` and ``PositionEmbedding``).
+
+    >>> keras.layers.Conv2D in supported_classes()
+    True
+    """
     return tuple(_PLAIN_TO_PARTIAL)
 
 
@@ -166,7 +170,11 @@ def _spec(layer_class):
 
 
 def is_supported(layer_class) -> bool:
-    """Whether a layer class has (or can be given) a partial class."""
+    """Whether a layer class has (or can be given) a partial class.
+
+    >>> is_supported(keras.layers.Embedding), is_supported(keras.layers.Dropout)
+    (True, False)
+    """
     return isinstance(layer_class, type) and (
         layer_class in _PLAIN_TO_PARTIAL.values() or _spec(layer_class) is not None
     )
@@ -183,6 +191,9 @@ def partial_class(layer_class: type) -> type:
 
     Raises:
         TypeError: for a class this mechanism does not support.
+
+    >>> partial_class(keras.layers.Conv2D).__name__
+    'PartialConv2D'
     """
     if layer_class in _PLAIN_TO_PARTIAL.values():
         return layer_class
@@ -199,7 +210,11 @@ def partial_class(layer_class: type) -> type:
 
 
 def weight_names(layer) -> tuple[str, ...]:
-    """The weights of ``layer`` that can be partial, the default first."""
+    """The weights of ``layer`` that can be partial, the default first.
+
+    >>> weight_names(keras.layers.LSTMCell(2))
+    ('kernel', 'recurrent_kernel')
+    """
     if isinstance(layer, PartialWeightMixin):
         return tuple(layer._partial_attributes)
     return tuple(name for name, _ in _spec(type(layer)))
@@ -207,7 +222,13 @@ def weight_names(layer) -> tuple[str, ...]:
 
 def target_weight(layer, weight: str | None = None):
     """The variable a partial form of ``layer`` freezes: its kernel (or
-    embeddings), or the weight named ``weight`` (``"recurrent_kernel"``)."""
+    embeddings), or the weight named ``weight`` (``"recurrent_kernel"``).
+
+    >>> layer = keras.layers.Embedding(3, 2, name="emb")
+    >>> layer.build((None,))
+    >>> target_weight(layer).path
+    'emb/embeddings'
+    """
     if isinstance(layer, PartialWeightMixin) and weight in (
         None,
         layer._partial_target,

@@ -71,6 +71,12 @@ def enable_partial(
         ValueError: for a layer that is not built, is already partial, uses
             LoRA or quantization, has a regularizer or constraint that is not
             elementwise, or a mask that does not fit.
+
+    >>> layer = keras.layers.Dense(2)
+    >>> layer.build((None, 3))
+    >>> enable_partial(layer, [[0, 0], [2, 1]])
+    >>> type(layer).__name__, layer.num_free, layer.base_weight.trainable
+    ('PartialDense', 2, False)
     """
     if not isinstance(layer, keras.layers.Layer):
         raise TypeError(
@@ -154,6 +160,12 @@ def make_shell(
     Its free values and positions come with the saved weights (the shell
     protocol of :mod:`refimpl._compat`); what a rebuilt host does to its
     sub-layers (:mod:`refimpl.layers.hosts`).
+
+    >>> layer = keras.layers.Dense(2)
+    >>> layer.build((None, 3))
+    >>> make_shell(layer, num_free=2, mode="delta", auto=False)
+    >>> type(layer).__name__, tuple(layer.partial_free.shape)
+    ('PartialDense', (2,))
     """
     layer.__class__ = partial_class(type(layer))
     layer._partial_target = target or layer._partial_target

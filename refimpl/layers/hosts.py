@@ -35,7 +35,11 @@ _HOST_CLASSES: dict[type, type] = {}
 
 
 def is_container(layer) -> bool:
-    """Whether ``layer``'s config holds its sub-layers' configs (and classes)."""
+    """Whether ``layer``'s config holds its sub-layers' configs (and classes).
+
+    >>> is_container(keras.Sequential()), is_container(keras.layers.Dense(1))
+    (True, False)
+    """
     return type(layer) in (
         _compat.Functional,
         keras.Sequential,
@@ -90,7 +94,12 @@ keras.saving.get_custom_objects()[HOST_NAME] = _Loader
 
 
 def host_class(plain: type) -> type:
-    """The host class of a layer class (made once, registered as ``PartialHost``)."""
+    """The host class of a layer class (made once, registered as ``PartialHost``).
+
+    >>> host = host_class(keras.layers.MultiHeadAttention)
+    >>> host.__name__, host is host_class(keras.layers.MultiHeadAttention)
+    ('PartialMultiHeadAttention', True)
+    """
     if issubclass(plain, HostMixin):
         return plain
     if plain not in _HOST_CLASSES:
@@ -138,7 +147,15 @@ def install(layer, records, frozen=()) -> None:
 
 
 def mark_hosts(model) -> list:
-    """Give every host of a partial layer in ``model`` its host class."""
+    """Give every host of a partial layer in ``model`` its host class.
+
+    >>> from refimpl import enable_partial
+    >>> attention = keras.layers.MultiHeadAttention(2, 4, kernel_initializer="zeros")
+    >>> attention.build((None, 3, 8), (None, 3, 8))
+    >>> enable_partial(attention.query_dense, [[0, 0, 0]])
+    >>> [type(host).__name__ for host in mark_hosts(attention)]
+    ['PartialMultiHeadAttention']
+    """
     hosts: dict[int, object] = {}
 
     def walk(layer, host):
@@ -157,7 +174,17 @@ def mark_hosts(model) -> list:
 
 
 def unmark_hosts(model) -> None:
-    """Give every host in ``model`` (and ``model`` itself) its plain class back."""
+    """Give every host in ``model`` (and ``model`` itself) its plain class back.
+
+    >>> from refimpl import enable_partial
+    >>> attention = keras.layers.MultiHeadAttention(2, 4, kernel_initializer="zeros")
+    >>> attention.build((None, 3, 8), (None, 3, 8))
+    >>> enable_partial(attention.query_dense, [[0, 0, 0]])
+    >>> _ = mark_hosts(attention)
+    >>> unmark_hosts(attention)
+    >>> type(attention).__name__
+    'MultiHeadAttention'
+    """
     for layer in [model, *_compat.sub_layers(model)]:
         if isinstance(layer, HostMixin):
             layer.__class__ = layer._host_plain

@@ -50,7 +50,15 @@ __all__ = ["PartialWeightMixin"]
 
 
 class PartialWeightMixin:
-    """What a partial class adds to its Keras class (see the module docstring)."""
+    """What a partial class adds to its Keras class (see the module docstring).
+
+    >>> from refimpl import enable_partial
+    >>> layer = keras.layers.Embedding(3, 2)
+    >>> layer.build((None,))
+    >>> enable_partial(layer, [[2, 0], [2, 1]])  # the last row
+    >>> isinstance(layer, PartialWeightMixin), layer.num_free
+    (True, 2)
+    """
 
     # The partial weight: the class's default, or the one chosen for this
     # layer (a SeparableConv's pointwise kernel, an RNN cell's recurrent one).
