@@ -24,7 +24,7 @@ TensorFlow-level teaching code. Everything but :mod:`refimpl.tf` runs on every
 Keras backend: TensorFlow, JAX and PyTorch.
 """
 
-__version__ = "2.4.0"
+__version__ = "2.4.1"
 
 from refimpl import (
     _compat,  # noqa: F401  (the Keras version check, first)
