@@ -77,6 +77,13 @@ MOVED = {
     "minimize": "refimpl.tf.minimize",
     "one_hot_trainable": "refimpl.tf.one_hot_trainable",
     "partially_trainable": "refimpl.tf.partially_trainable",
+    # Modules of 1.x.
+    "variables": "refimpl.variable (PartialVariable) and refimpl.ops (the rest)",
+    "sparse": "refimpl.ops",
+    "partial_dense": "refimpl.layers.dense",
+    "masked_optimizer": "refimpl.optimizers",
+    "stop_gradient": "refimpl.tf.stop_gradient",
+    "scipy_optimize": "refimpl.tf.scipy_optimize",
 }
 
 

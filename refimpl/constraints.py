@@ -60,6 +60,15 @@ class FreezeEntries(keras.constraints.Constraint, _compat.KerasSaveable):
     >>> keras.ops.convert_to_numpy(w)
     array([[0.5, 2. ],
            [3. , 3.5]], dtype=float32)
+
+    On a built layer, set it on the kernel (what the optimizer applies) and on
+    the layer (what its config saves):
+
+    >>> layer = keras.layers.Dense(2)
+    >>> layer.build((None, 2))
+    >>> mask = [[True, False], [False, True]]
+    >>> layer.kernel.constraint = FreezeEntries.from_variable(layer.kernel, mask)
+    >>> layer.kernel_constraint = layer.kernel.constraint
     """
 
     def __init__(self, values, mask):

@@ -7,8 +7,8 @@ The math is :mod:`refimpl.structured`; these classes only hold the weights.
 Like ``Dense``, each computes ``activation(x @ kernel + bias)``;
 ``layer.kernel`` is the dense kernel (in the variable dtype) and
 ``layer.trainable_mask`` marks its free entries, for inspection and for
-:func:`refimpl.testing.assert_frozen`. :class:`PartialDense` (any mask over a frozen
-base, in :mod:`refimpl.layers.partial`) is importable from here too.
+:func:`refimpl.testing.assert_frozen`. :class:`refimpl.PartialDense` (any mask
+over a frozen base) lives in :mod:`refimpl.layers.dense`.
 
 Fixed values (a fixed diagonal, fixed blocks) are non-trainable weights, so
 they live in the weights file and never in ``get_config``. Every layer has

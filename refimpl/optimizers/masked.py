@@ -54,6 +54,13 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
     >>> opt.apply([keras.ops.ones(3)], [w])
     >>> keras.ops.convert_to_numpy(w).round(3)  # the middle entry keeps its bits
     array([0.9, 1. , 0.9], dtype=float32)
+
+    In a model, wrap the optimizer given to ``compile``:
+
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    >>> kernel = model.layers[0].kernel
+    >>> masked = MaskedOptimizer("adam", [(kernel, [[True], [False]])])
+    >>> model.compile(optimizer=masked, loss="mse")
     """
 
     def __init__(
