@@ -81,6 +81,7 @@ MOVED = {
     "variables": "refimpl.variable (PartialVariable) and refimpl.ops (the rest)",
     "sparse": "refimpl.ops",
     "partial_dense": "refimpl.layers.dense",
+    "partial_layers": "refimpl.layers.enable (or refimpl.convert.partial_layers)",
     "masked_optimizer": "refimpl.optimizers",
     "stop_gradient": "refimpl.tf.stop_gradient",
     "scipy_optimize": "refimpl.tf.scipy_optimize",

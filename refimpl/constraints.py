@@ -4,7 +4,9 @@ This is the *restrict the update* family in its most robust form. The weight
 stays one full variable, the optimizer updates every entry of it (weight decay
 included), and then Keras applies the variable's constraint, which writes the
 frozen values back. Keras 3 applies constraints after the whole update, so the
-frozen entries end every step with their exact bits, under any optimizer.
+frozen entries end every step with their exact bits, under any optimizer, on
+one device and across replicas with any aggregation but ``SUM`` (which adds
+the replicas' writes: keep the default aggregation under ``tf.distribute``).
 
 What it does not save: the gradient, the update and the optimizer state (Adam's
 two moments, for one) are still computed and stored for every entry of the

@@ -105,7 +105,8 @@ def regrow(model, data, *, fraction, loss=None, batches=1, batch_size=32, start=
         fraction: the share of each layer's free entries to drop and grow, in
             (0, 1); ``round(fraction * k)`` entries per layer.
         loss: the loss of the score; by default the model's compiled loss.
-        batches, batch_size: the probe batches of the score.
+        batches: how many probe batches the score takes.
+        batch_size: the rows of each probe batch.
         start: the row of ``data`` the first probe batch starts at.
 
     Returns:
@@ -221,7 +222,8 @@ class DropAndGrow(keras.callbacks.Callback):
         data: ``(x, y)``, the probe data (a slice of the training data serves).
         every: the steps between two updates (at least 1).
         fraction: the share of each layer's free entries swapped, in (0, 1).
-        batches, batch_size: the probe batches of each update.
+        batches: how many probe batches each update scores.
+        batch_size: the rows of each probe batch.
         loss: the score's loss; by default the model's compiled loss.
         stop_after: no update after this many steps (``None``: no limit), so
             that the last entries grown have time to train.

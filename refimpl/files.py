@@ -111,7 +111,7 @@ def save_partial_weights(model, path) -> dict:
         ValueError: for a ``path`` not ending in ``.npz``, or a model with no
             partial layer.
 
-    >>> import tempfile, refimpl
+    >>> import os, tempfile, refimpl
     >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")])
     >>> model = refimpl.partialize(model, {"d": [[0, 0], [2, 1]]})
     >>> with tempfile.TemporaryDirectory() as folder:
@@ -174,7 +174,7 @@ def load_partial_weights(model, path) -> None:
             ``model`` does not have, or a base whose shape, dtype or values
             differ from the one the entries were trained on.
 
-    >>> import tempfile, refimpl
+    >>> import os, tempfile, refimpl
     >>> plain = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")])
     >>> tuned = refimpl.partialize(plain, {"d": [[0, 0]]})
     >>> _ = tuned.get_layer("d").partial_free.assign([5.0])  # as if trained

@@ -93,8 +93,9 @@ def fisher_scores(model, x, y, *, loss, batch_size: int = 32, batches: int = 4):
 
     Args:
         model: a built Keras model.
-        x, y: the data: ``y`` an array, ``x`` an array or, for a model with
-            several inputs, a dict or list of arrays with as many rows.
+        x: the inputs: an array or, for a model with several inputs, a dict or
+            list of arrays.
+        y: the targets, an array with as many rows.
         loss: a Keras loss (an object or a name such as ``"mse"``).
         batch_size: the rows per batch.
         batches: how many batches to accumulate.
@@ -211,7 +212,8 @@ def block_mask(shape, row_sizes, col_sizes, blocks) -> np.ndarray:
 
     Args:
         shape: the matrix shape.
-        row_sizes, col_sizes: the block heights and widths (summing to it).
+        row_sizes: the block heights (summing to the number of rows).
+        col_sizes: the block widths (summing to the number of columns).
         blocks: the ``(i, j)`` block coordinates to train.
 
     >>> block_mask((3, 3), [1, 2], [2, 1], [(1, 0)]).astype(int)

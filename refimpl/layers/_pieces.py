@@ -32,7 +32,7 @@ def _is_partial_weight(variable) -> bool:
 
 def _composing(plain_class, target, attribute: bool = False):
     """The property that returns the composed weight, where the layer reads it."""
-    doc = f"The {target}: the frozen base with the free values."
+    doc = f"The {target}, the frozen base with the free values."
     if attribute:
         # The plain class sets the variable as an attribute; it is kept in the
         # instance's dict, which this property (a data descriptor) shadows.

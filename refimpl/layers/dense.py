@@ -41,8 +41,10 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
             kernel-sized trainable weight, filtered), ``"slices"`` (whole
             rows, columns or a block through dense sub-products) or
             ``"auto"`` (see :func:`refimpl.enable_partial`).
-        num_free, auto: only without a mask: the shell ``from_config`` builds,
-            whose positions and values come with the saved weights.
+        num_free: only without a mask: the number of free values of the
+            shell that ``from_config`` builds, whose positions and values come
+            with the saved weights.
+        auto: only without a mask: whether that shell's mode was ``"auto"``.
         rest_trainable: whether the bias trains (``False`` is what
             :func:`refimpl.partialize` gives a converted layer).
         **kwargs: every other ``keras.layers.Dense`` argument.

@@ -57,7 +57,7 @@ def enable_partial(
             through dense sub-products without composing the kernel, a
             convolution's whole filters or input channels, and an
             ``Embedding``'s whole rows, looked up without composing the
-            table (:mod:`refimpl._slices`). ``"auto"`` picks ``"slices"``
+            table. ``"auto"`` picks ``"slices"``
             for whole rows or columns (slices that span an axis) below half
             a ``Dense`` or ``EinsumDense`` kernel, and otherwise chooses by
             density (:func:`refimpl.ops.choose_mode`).
@@ -157,9 +157,9 @@ def make_shell(
 ) -> None:
     """Turn a built plain ``layer`` into a partial shell, in place.
 
-    Its free values and positions come with the saved weights (the shell
-    protocol of :mod:`refimpl._compat`); what a rebuilt host does to its
-    sub-layers (:mod:`refimpl.layers.hosts`).
+    Called by loaders (a user does not need it): a shell's free values and
+    positions come with the saved weights; :mod:`refimpl.layers.hosts` says what
+    a rebuilt host does to its sub-layers.
 
     >>> layer = keras.layers.Dense(2)
     >>> layer.build((None, 3))

@@ -239,7 +239,7 @@ class PartialWeightMixin:
 
     @property
     def partial_mode(self) -> str:
-        """``"delta"``, ``"sparse"`` or ``"select"``: the form, ``"auto"`` resolved."""
+        """The form, ``"auto"`` resolved: ``"delta"``, ``"sparse"`` or ``"select"``."""
         return self._partial_mode
 
     def product_mode(self) -> str:

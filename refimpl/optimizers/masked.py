@@ -34,8 +34,10 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             [0, 1] scales each entry's update. Variables not listed train in
             full.
         restore_frozen: write the frozen entries (mask ``False`` or 0.0) back
-            after every update, and after EMA finalization: exact under every
-            optimizer, for one copy of each masked variable per step.
+            after every update, and after EMA finalization: the frozen entries are
+            exact under every optimizer, for one copy of each masked variable
+            per step (under Adafactor, where a fully frozen row meets a fully
+            frozen column, the free entries still end NaN).
         name: the optimizer's name.
 
     Raises:

@@ -78,8 +78,10 @@ def apply_masked_gradients(
         grads_and_vars: ``(gradient, variable)`` pairs.
         masks: a list of ``(variable, mask)`` pairs; a floating-point mask in
             [0, 1] scales each entry's update.
-        restore_frozen: write the frozen entries back after the update
-            (exact under every optimizer).
+        restore_frozen: write the frozen entries back after the update (the
+            frozen entries exact under every optimizer; under Adafactor, where
+            a fully frozen row meets a fully frozen column, the free entries
+            still end NaN).
 
     Raises:
         TypeError: for an optimizer that is not a Keras optimizer, pairs that
