@@ -18,9 +18,9 @@ Choices, each tested:
 * **A grown entry starts from its base value with fresh optimizer state**:
   zero moments for Adam, AdamW, Nadam, Adamax, Lamb, Lion, RMSprop, SGD and
   Adadelta, the initial accumulator for Adagrad and Ftrl, the new value for an
-  exponential moving average of the weights. An optimizer whose state is not
-  one value per entry (Adafactor's factored moments, Muon, schedule-free AdamW,
-  or an optimizer this module does not know) is refused.
+  exponential moving average of the weights. An optimizer whose per-entry state
+  this module cannot reset (Adafactor, Muon, schedule-free AdamW, or an
+  optimizer it does not know) is refused.
 * **The growth score** is the squared gradient of the loss with respect to
   the frozen base, summed over a few *probe* batches (``batches``) taken in
   turn from ``data``, at each update only: one extra forward and backward
@@ -110,8 +110,8 @@ def regrow(model, data, *, fraction, loss=None, batches=1, batch_size=32, start=
         start: the row of ``data`` the first probe batch starts at.
 
     Returns:
-        One record per partial layer: its ``path``, ``dropped`` and ``grown``
-        (flat positions, NumPy arrays).
+        One record per partial layer, with its ``path``, ``dropped`` and
+        ``grown`` (flat positions, NumPy arrays).
 
     Raises:
         TypeError, ValueError: for bad arguments, naming them; ValueError for a

@@ -103,7 +103,7 @@ def save_partial_weights(model, path) -> dict:
         path: the file to write, ending in ``.npz``.
 
     Returns:
-        What the file holds: ``{"partial": {path: k}, "full": {path: size}}``.
+        What the file holds, ``{"partial": {path: k}, "full": {path: size}}``.
 
     Raises:
         TypeError: for a ``model`` that is not a built Keras model, or a bad

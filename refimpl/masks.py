@@ -1,7 +1,8 @@
 """Validate and convert masks and index lists.
 
 Every public function of `refimpl` that takes "which positions are trainable"
-accepts the same two spellings and sends them through :func:`to_mask`:
+(except :func:`refimpl.ops.choose_mode`, which takes a mask alone) accepts the
+same two spellings and sends them through :func:`to_mask`:
 
 * a **boolean mask** of exactly the tensor's shape (``True`` = trainable), given
   as a NumPy array, a nested list, or an eager ``tf.Tensor``; a floating-point

@@ -97,8 +97,8 @@ def compose(base, positions, free, *, mode: str = "delta", mask=None):
             so that it is not scattered again from ``positions``.
 
     Returns:
-        A tensor of ``base``'s shape and dtype: the free values at their
-        positions, ``base``'s values everywhere else, bit for bit.
+        A tensor of ``base``'s shape and dtype, with the free values at their
+        positions and ``base``'s values everywhere else, bit for bit.
 
     Raises:
         ValueError: for an unknown mode, bad positions, or a ``free`` of the

@@ -1,8 +1,9 @@
 """Choosing which entries to train: seeded, deterministic masks.
 
-Each function returns a boolean NumPy mask (``True`` = trainable) of the
-weight's shape, with exactly ``k`` trainable entries, or
-``round(fraction * size)`` of them:
+Each mask function returns a boolean NumPy mask (``True`` = trainable) of the
+weight's shape; the scored ones (random, magnitude, Fisher) have exactly ``k``
+trainable entries, or ``round(fraction * size)`` of them, and
+:func:`fisher_scores` returns the scores themselves:
 
 * :func:`random_mask`: uniformly at random, from a seed;
 * :func:`magnitude_mask`: the largest absolute values;

@@ -37,7 +37,8 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
             ``[input_dim, units]`` or an index list of shape ``[k, 2]``.
         mode: ``"delta"`` (the default: ``k`` trainable values), ``"sparse"``
             (the same weights; the product never composes the kernel, the
-            fastest form below a few percent free), ``"select"`` (a
+            fastest form when very few entries are free,
+            ``refimpl.ops.SPARSE_BELOW_DENSITY``), ``"select"`` (a
             kernel-sized trainable weight, filtered), ``"slices"`` (whole
             rows, columns or a block through dense sub-products) or
             ``"auto"`` (see :func:`refimpl.enable_partial`).

@@ -25,7 +25,7 @@ def mask_gradients(grads_and_vars, masks) -> list[tuple]:
             variables that no pair names keep their gradient.
 
     Returns:
-        A new list of ``(gradient, variable)`` pairs: each gradient equal to
+        A new list of ``(gradient, variable)`` pairs, each gradient equal to
         the original at trainable entries and exactly ``0.0`` at frozen ones
         (even where it was NaN).
 
