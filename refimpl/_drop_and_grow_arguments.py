@@ -23,7 +23,11 @@ def check_fraction(fraction) -> float:
 
 
 def check_count(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(
+            f"`{name}` must be an int of at least 1. Received: {name}={describe(value)}"
+        )
+    if value < 1:
         raise ValueError(
             f"`{name}` must be an int of at least 1. Received: {name}={describe(value)}"
         )

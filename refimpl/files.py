@@ -7,8 +7,8 @@ free positions and values, and a fingerprint of the frozen base (its shape,
 dtype and a SHA-256 checksum of its bytes); and each weight that trained in
 full (a head kept with ``train=``), whole. The positions are stored as the
 gaps between them, in the smallest unsigned integer type that holds the
-largest gap: one byte per position when more than about one entry in 256
-trains, two down to one in 65,536. A float32 value thus costs 5 to 6 bytes,
+largest gap: one byte per position when no gap exceeds 255 entries, two when
+none exceeds 65,535, four otherwise. A float32 value thus costs 5 to 8 bytes,
 plus a small header per weight (files of version 1 stored int32 positions,
 8 bytes a value, and still load). Weights are matched by their path
 in the model (its layers' names). Loaded onto the pretrained model it

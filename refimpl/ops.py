@@ -61,8 +61,8 @@ MODES = ("delta", "sparse", "select", "auto")
 #: The forms of a partial layer's weight, those of :data:`MODES` and
 #: ``"slices"`` (a ``Dense``, ``EinsumDense`` or convolution kernel free in
 #: whole slices, multiplied through dense sub-products, or an ``Embedding``
-#: table free in whole rows), which ``"auto"`` picks for such a mask of a
-#: ``Dense`` or ``EinsumDense`` kernel.
+#: table free in whole rows), which ``"auto"`` picks for whole rows or columns
+#: below half of a ``Dense`` or ``EinsumDense`` kernel.
 LAYER_MODES = ("delta", "sparse", "select", "slices", "auto")
 
 

@@ -14,8 +14,10 @@ trainable entries, or ``round(fraction * size)`` of them, and
   :func:`band_mask`, :func:`block_mask`.
 
 Ties (equal magnitudes or scores) go to the lower flat index, so every
-function is deterministic. Any of them fits :func:`refimpl.partialize` as a
-policy: ``{"dense": lambda w: magnitude_mask(w, fraction=0.01)}``.
+function is deterministic. The ones that score the weight fit
+:func:`refimpl.partialize` as a policy,
+``{"dense": lambda w: magnitude_mask(w, fraction=0.01)}``; the ones that take a
+shape through its shape, ``lambda w: random_mask(w.shape, fraction=0.01)``.
 """
 
 from __future__ import annotations
@@ -116,7 +118,11 @@ def fisher_scores(model, x, y, *, loss, batch_size: int = 32, batches: int = 4):
             f"`model` must be a Keras model. Received: model={describe(model)}"
         )
     for name, value in (("batch_size", batch_size), ("batches", batches)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(
+                f"`{name}` must be a positive int. Received: {name}={describe(value)}"
+            )
+        if value < 1:
             raise ValueError(
                 f"`{name}` must be a positive int. Received: {name}={describe(value)}"
             )

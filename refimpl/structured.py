@@ -1,7 +1,7 @@
 """Build structured matrices from their free values, and multiply by them cheaply.
 
 Every builder here takes only the values that define the matrix (a diagonal, a
-few diagonals, a grid of blocks, k free entries) and returns the dense tensor,
+few diagonals, a grid of blocks) and returns the dense tensor,
 built in the forward pass. Make the defining values variables and the
 optimizer sees nothing else: fixed values are constants, never optimizer
 state, so no optimizer can move them. Everything here is ``keras.ops``, so it

@@ -5,7 +5,8 @@ the fixed entries in a second, non-trainable one, and builds the dense tensor
 in the forward pass (:meth:`~PartialVariable.value`) with
 :func:`refimpl.ops.compose`. An optimizer only ever sees the free values, so
 the frozen entries keep their exact bits under any optimizer, weight decay
-included, and the optimizer state is one value per free entry and slot. This
+included, and the optimizer state is one value per free entry and slot (in the
+default form; the opt-in ``"select"`` form keeps full-size state). This
 is the frozen-base-plus-delta idea of Keras' ``enable_lora``, with the delta
 restricted to a mask. It is a Keras layer that holds weights, so Keras tracks,
 trains and saves it inside any layer. The partial layers of

@@ -149,6 +149,10 @@ def install(layer, records, frozen=()) -> None:
 def mark_hosts(model) -> list:
     """Give every host of a partial layer in ``model`` its host class.
 
+    :func:`refimpl.partialize` calls it; call it yourself after
+    :func:`refimpl.enable_partial` on a sub-layer of a host (an attention
+    layer's projection, say), before saving.
+
     >>> from refimpl import enable_partial
     >>> attention = keras.layers.MultiHeadAttention(2, 4, kernel_initializer="zeros")
     >>> attention.build((None, 3, 8), (None, 3, 8))

@@ -7,7 +7,8 @@ convolutions, ``Embedding``):
 
 * the layer's own weight stays where it is, as the frozen **base**
   (``trainable=False``);
-* two weights are added: ``partial_free``, the ``k`` trainable values, and
+* two weights are added: ``partial_free``, the ``k`` trainable values (in the
+  ``"select"`` form a kernel-sized weight, with kernel-sized optimizer state), and
   ``partial_positions``, their flat positions (non-trainable, int32);
 * the ``kernel`` (or ``embeddings``) property returns the base with the free
   values written in (:func:`refimpl.ops.compose`), so the layer's own ``call``
@@ -239,7 +240,10 @@ class PartialWeightMixin:
 
     @property
     def partial_mode(self) -> str:
-        """The form, ``"auto"`` resolved: ``"delta"``, ``"sparse"`` or ``"select"``."""
+        """The form, with ``"auto"`` resolved.
+
+        One of ``"delta"``, ``"sparse"``, ``"select"`` and ``"slices"``.
+        """
         return self._partial_mode
 
     def product_mode(self) -> str:
@@ -341,7 +345,9 @@ class PartialWeightMixin:
     def to_dense(self):
         """Return the plain Keras layer with the trained weight, bit for bit.
 
-        Its outputs equal this layer's exactly (a ``Conv2D`` for a
+        Its outputs equal this layer's exactly in the ``"delta"`` and
+        ``"select"`` forms, and to rounding in ``"sparse"`` and ``"slices"``,
+        which compute the product in pieces (a ``Conv2D`` for a
         ``PartialConv2D``); its weights are copies.
         """
         plain_class = self._partial_plain_class()
