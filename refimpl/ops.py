@@ -40,14 +40,15 @@ __all__ = [
 #: Measured for one training step (forward, gradient, Adam update) with a batch
 #: of 64 on a 2-core CPU, at n = 4096, without XLA: the delta step grows with
 #: the number of free values and overtakes the select step between 10% and 15%
-#: free (the delta was ahead at 10% in every run, the runs disagreed at 15%).
+#: free (the delta was ahead at 10% and the select at 15% in the committed runs).
 #: The benchmark's ``partial_delta`` and ``partial_select`` rows (``cpu.csv``,
 #: ``cpu_crossover.csv``) are the committed evidence.
 SELECT_ABOVE_DENSITY = 0.125
 
 #: Density below which the sparse product is chosen for a matrix, without
-#: XLA: its ``[k, batch]`` temporaries reach one n x n matrix at about 0.5%
-#: with a batch of 64 (``partial_sparse`` rows of the benchmark).
+#: XLA: its three ``[k, batch]`` temporaries (64·k values each) together reach
+#: one n x n matrix at about 0.5% with a batch of 64 (``partial_sparse`` rows
+#: of the benchmark).
 SPARSE_BELOW_DENSITY = 0.005
 
 #: The same threshold when XLA compiles the step (``jit_compile=True``, and
@@ -90,7 +91,8 @@ def compose(base, positions, free, *, mode: str = "delta", mask=None):
             backend tensor or variable: flat positions, used as they are
             (what layers pass inside a step).
         free: for ``"delta"``, the ``k`` free values in the order of
-            ``positions``, cast to ``base``'s dtype; for ``"select"``, a
+            ``positions``, of ``base``'s dtype (cast only when ``positions`` is a
+            backend tensor); for ``"select"``, a
             tensor of ``base``'s shape whose entries at ``positions`` are used.
         mode: ``"delta"`` (a scatter) or ``"select"`` (``where``).
         mask: for ``"select"`` inside a step: the boolean mask as a tensor,
@@ -235,6 +237,7 @@ def xla_enabled() -> bool:
     Always under JAX, never under PyTorch; under TensorFlow, inside a function
     with ``jit_compile=True``.
 
+    >>> from refimpl import backend
     >>> xla_enabled() == (backend.name == "jax")  # outside any compiled function
     True
     """

@@ -103,7 +103,8 @@ def count_free_parameters(model_or_variables) -> int:
     For a Keras model or layer this is the total size of its trainable
     weights; for a list of variables, the total size of the trainable ones.
     A structured layer of this package keeps only its free values in
-    trainable weights, so this is its true number of free parameters.
+    trainable weights, so this is its true number of free parameters (a
+    partial weight in the select form counts its full size).
 
     >>> import keras
     >>> layer = keras.layers.Dense(3)

@@ -120,11 +120,8 @@ class StructuredDense(keras.layers.Dense):
 
         The Dense layer has the same name, dtype policy, activation, bias
         regularizer and constraint, and activity regularizer. Its kernel and
-        bias equal this layer's bit for bit; so do its outputs wherever this
-        layer's product is a plain matmul (:class:`PartialDense` in its delta or
-        select form); the
-        structured products (diagonal, band, blocks) add in another order, so
-        there the outputs agree to rounding.
+        bias equal this layer's bit for bit; the structured products (diagonal,
+        band, blocks) add in another order, so the outputs agree to rounding.
 
         Raises:
             ValueError: if the layer is not built.

@@ -129,7 +129,7 @@ class BlockDense(StructuredDense):
         >>> layout = [["fixed", None], [None, "trainable"]]
         >>> layer = BlockDense.from_dense(
         ...     dense, layout, row_sizes=[2, 2], col_sizes=[2, 2], project=True
-        ... )
+        ... )  # project: drop the random kernel's entries outside the blocks
         >>> [w.name for w in layer.trainable_weights]
         ['block_1_1', 'bias']
         """

@@ -9,7 +9,8 @@ convolutions, ``Embedding``):
   (``trainable=False``);
 * two weights are added: ``partial_free``, the ``k`` trainable values (in the
   ``"select"`` form a kernel-sized weight, with kernel-sized optimizer state), and
-  ``partial_positions``, their flat positions (non-trainable, int32);
+  ``partial_positions``, their flat positions (non-trainable, int32, int64
+  above 2**31 entries);
 * the ``kernel`` (or ``embeddings``) property returns the base with the free
   values written in (:func:`refimpl.ops.compose`), so the layer's own ``call``
   runs unchanged, and every output equals the original layer's bit for bit
@@ -19,7 +20,8 @@ Each partial class is a subclass of the plain one with a name of its own
 (``PartialConv2D``, registered as ``refimpl>PartialConv2D``);
 :class:`PartialDense` is the partial class of ``Dense``, and can also be built
 from a mask. An optimizer sees only the free values: frozen entries keep their
-bits under every optimizer, and the optimizer state is ``k`` values per slot.
+bits under every optimizer, and the optimizer state is ``k`` values per slot
+(kernel-sized in the select form).
 The layer saves every variable as it is (the base, the free values, their
 positions), so a reloaded layer has the same weights bit for bit;
 :meth:`to_dense` and :func:`refimpl.merge` give the plain layer back.
