@@ -222,7 +222,8 @@ def merge(model, *, in_place: bool = False):
     ``Sequential`` model becomes the ``keras.layers.Dense`` its ``to_dense()``
     gives. The result uses only Keras' (and keras-hub's) own classes, so it
     serves, exports and loads without ``refimpl``, and predicts what
-    ``model`` predicts.
+    ``model`` predicts: bit for bit where the layer's product is a plain
+    matmul (the delta and select forms, a diagonal), to rounding otherwise.
 
     Args:
         model: a built model that :func:`partialize` accepts: ``Sequential``,

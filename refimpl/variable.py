@@ -60,7 +60,8 @@ class PartialVariable(keras.layers.Layer):
     ``pv.trainable_variables`` to the optimizer; ``tf.train.Checkpoint``
     saves it too.
 
-    Modes (all exact; the default is the one to use unless measured):
+    Modes (the frozen entries exact in every one; the default is the one to use
+    unless measured):
 
     * ``"delta"`` (default): ``.free`` holds exactly the ``k`` free values, so
       the optimizer state is ``k`` values per slot and no optimizer can

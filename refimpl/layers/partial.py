@@ -112,6 +112,8 @@ class PartialWeightMixin:
                 sets = positions is not None and _slices.rectangle(positions, shape)
                 if sets and any(axis is None for axis in sets):
                     mode, auto = "slices", False
+            if mode == "sparse" and not self._partial_sparse_product:
+                mode, auto = "delta", False  # the sparse product is a Dense's
         if mode == "slices":
             self._partial_check_slices(positions, shape)
         if mode == "sparse" and not self._partial_sparse_product:
