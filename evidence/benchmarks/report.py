@@ -149,7 +149,14 @@ def _plain_log_ticks(axis, ticks=None) -> None:
     from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator
 
     if ticks is not None:
-        axis.set_major_locator(FixedLocator(ticks))
+        # Label the ticks far enough apart on the log scale (a factor of 1.8)
+        # to keep their labels apart; the others stay as unlabelled ticks.
+        labelled = []
+        for tick in sorted(ticks):
+            if not labelled or tick / labelled[-1] >= 1.8:
+                labelled.append(tick)
+        axis.set_major_locator(FixedLocator(labelled))
+        axis.set_minor_locator(FixedLocator(sorted(set(ticks) - set(labelled))))
     else:
         low, high = sorted(axis.get_view_interval())
         wide = low <= 0 or high / low > 10
