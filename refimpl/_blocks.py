@@ -1,7 +1,8 @@
 """Block matrices built from their blocks, and their product that skips zero blocks.
 
 Re-exported by :mod:`refimpl.structured` (``block``, ``block_matmul``); the
-grid checks are shared with :class:`refimpl.BlockDense`.
+grid checks are shared with
+:class:`refimpl.BlockDense <refimpl.layers.block.BlockDense>`.
 """
 
 from __future__ import annotations

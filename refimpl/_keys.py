@@ -1,4 +1,5 @@
-"""How a key of :func:`refimpl.partialize` names the layers and weights it means.
+"""How a key of :func:`refimpl.partialize <refimpl.convert.partialize>` names the layers
+and weights it means.
 
 A key is a layer's name, its path, or the end of a path (``"query"``,
 ``"query/kernel"``), matched at any depth; a key that names an RNN layer or a

@@ -1,4 +1,5 @@
-"""The arguments of :class:`refimpl.PartialVariable`, checked.
+"""The arguments of :class:`refimpl.PartialVariable <refimpl.variable.PartialVariable>`,
+checked.
 
 A value and a mask make a partial tensor; a ``shape`` and ``num_free`` make
 a shell that the weights of a saved model fill. Each mistake gets a

@@ -11,7 +11,8 @@ the replicas' writes: keep the default aggregation under ``tf.distribute``).
 What it does not save: the gradient, the update and the optimizer state (Adam's
 two moments, for one) are still computed and stored for every entry of the
 variable. When only a few entries are free, a reparametrized layer such as
-:class:`refimpl.PartialDense` keeps only those few as state.
+:class:`refimpl.PartialDense <refimpl.layers.dense.PartialDense>` keeps only those few
+as state.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def partialize(
             compiled: its optimizer and traced step were built for the old
             variables, and ``fit`` asks for a new ``compile``.
         mode: the form of every partial weight (see
-            :func:`refimpl.enable_partial`).
+            :func:`refimpl.enable_partial <refimpl.layers.enable.enable_partial>`).
         train: layers that stay as they were (trainable, if they were), like
             PEFT's ``modules_to_save``: a list of keys matched as the keys of
             ``layer_masks`` are (``["head", "layer_norm"]``; a converted layer

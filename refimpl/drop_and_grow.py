@@ -4,8 +4,10 @@ SpIEL (Ansell et al., ICML 2024) fine-tunes about 1 % of a model's entries
 and re-chooses them while it trains: every few steps it drops the active
 entries whose change from the pretrained value is smallest and grows as many
 new ones where the gradient is largest. :class:`DropAndGrow` does this for
-every partial layer of a model (:func:`refimpl.partialize`, the partial
-classes, :class:`refimpl.PartialDense`), as a Keras callback;
+every partial layer of a model (:func:`refimpl.partialize <refimpl.convert.partialize>`,
+the partial
+classes, :class:`refimpl.PartialDense <refimpl.layers.dense.PartialDense>`), as a Keras
+callback;
 :func:`regrow` is one such update, for a custom training loop.
 
 Choices, each tested:
@@ -32,7 +34,8 @@ Choices, each tested:
   sorted, with the free values and their optimizer state moved along.
 
 The positions are a variable of the layer, so ``.keras`` files and
-:func:`refimpl.save_partial_weights` hold the current ones, and training
+:func:`refimpl.save_partial_weights <refimpl.files.save_partial_weights>` hold the
+current ones, and training
 continues from them after loading.
 """
 
@@ -99,7 +102,8 @@ def regrow(model, data, *, fraction, loss=None, batches=1, batch_size=32, start=
     """Drop and grow the free entries of every partial layer of ``model``, once.
 
     Args:
-        model: a model with partial layers (:func:`refimpl.partialize`), built.
+        model: a model with partial layers
+            (:func:`refimpl.partialize <refimpl.convert.partialize>`), built.
         data: ``(x, y)``, the probe data of the growth score (x an array, or a
             dict or list of arrays, as the model takes).
         fraction: the share of each layer's free entries to drop and grow, in

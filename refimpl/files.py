@@ -99,7 +99,8 @@ def save_partial_weights(model, path) -> dict:
     """Save the trained entries of a converted ``model`` to ``path`` (``.npz``).
 
     Args:
-        model: a model with partial layers (:func:`refimpl.partialize`).
+        model: a model with partial layers
+            (:func:`refimpl.partialize <refimpl.convert.partialize>`).
         path: the file to write, ending in ``.npz``.
 
     Returns:

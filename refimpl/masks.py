@@ -1,8 +1,9 @@
 """Validate and convert masks and index lists.
 
 Every public function of `refimpl` that takes "which positions are trainable"
-(except :func:`refimpl.ops.choose_mode`, which takes a mask alone) accepts the
-same two spellings and sends them through :func:`to_mask`:
+(except :func:`refimpl.ops.choose_mode` and :func:`mask_to_indices`, which take a
+boolean mask alone) accepts the same two spellings and sends them through
+:func:`to_mask`:
 
 * a **boolean mask** of exactly the tensor's shape (``True`` = trainable), given
   as a NumPy array, a nested list, or an eager ``tf.Tensor``; a floating-point
@@ -231,7 +232,7 @@ def mask_constant(mask):
 
     (On TensorFlow, ``tf.constant`` of a large boolean array is slow: seconds
     for a 4096 x 4096 mask inside ``tf.function``; see
-    :func:`refimpl.backend.bool_constant`.)
+    ``refimpl.backend.bool_constant``, which this calls.)
 
     >>> keras.ops.convert_to_numpy(mask_constant(np.array([True, False])))
     array([ True, False])

@@ -1,7 +1,8 @@
 """The tensor operations of a partial weight: compose it, multiply by it, pick a form.
 
 A partial weight is a frozen ``base`` with ``k`` free values at flat
-``positions``. Everything that holds one (:class:`refimpl.PartialVariable`,
+``positions``. Everything that holds one
+(:class:`refimpl.PartialVariable <refimpl.variable.PartialVariable>`,
 the partial layers of :mod:`refimpl.layers`) builds it with the one
 :func:`compose`, multiplies by it with :func:`sparse_matmul` when it is a
 sparse matrix, and picks its form with :func:`choose_mode`:
@@ -237,8 +238,12 @@ def xla_enabled() -> bool:
     Always under JAX, never under PyTorch; under TensorFlow, inside a function
     with ``jit_compile=True``.
 
+    Call it while a function is traced, to pick the form that is faster there:
+
+    >>> def product_form():
+    ...     return "delta" if xla_enabled() else "sparse"
     >>> from refimpl import backend
-    >>> xla_enabled() == (backend.name == "jax")  # outside any compiled function
+    >>> product_form() == ("delta" if backend.name == "jax" else "sparse")  # eager
     True
     """
     if backend.name == "jax":

@@ -32,9 +32,13 @@ def plot_mask(mask, *, ax=None, title: str | None = None, values=None, moved=Non
     Returns:
         The matplotlib axes.
 
-    >>> ax = plot_mask([[True, False], [False, True]], title="diagonal")
-    >>> ax.get_title(), ax.images[0].get_array().tolist()  # 1 = trainable
-    ('diagonal', [[1, 0], [0, 1]])
+    Draw the mask of a layer before training it, and after training the
+    entries that moved:
+
+    >>> from refimpl.selection import band_mask
+    >>> ax = plot_mask(band_mask((4, 4), 1, 0), title="lower band")
+    >>> ax.get_title(), ax.images[0].get_array().tolist()[1]  # 1 = trainable
+    ('lower band', [1, 1, 0, 0])
     >>> import matplotlib.pyplot as plt
     >>> plt.close(ax.figure)
     """

@@ -15,7 +15,7 @@ trainable entries, or ``round(fraction * size)`` of them, and
 
 Ties (equal magnitudes or scores) go to the lower flat index, so every
 function is deterministic. The ones that score the weight fit
-:func:`refimpl.partialize` as a policy,
+:func:`refimpl.partialize <refimpl.convert.partialize>` as a policy,
 ``{"dense": lambda w: magnitude_mask(w, fraction=0.01)}``; the ones that take a
 shape through its shape, ``lambda w: random_mask(w.shape, fraction=0.01)``.
 """
@@ -207,7 +207,11 @@ def band_mask(shape, lower: int, upper: int) -> np.ndarray:
     if len(shape) != 2:
         raise ValueError(f"`shape` must be 2-D. Received: shape={shape}")
     for name, value in (("lower", lower), ("upper", upper)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(
+                f"`{name}` must be an int >= 0. Received: {name}={describe(value)}"
+            )
+        if value < 0:
             raise ValueError(
                 f"`{name}` must be an int >= 0. Received: {name}={describe(value)}"
             )

@@ -111,6 +111,10 @@ def count_free_parameters(model_or_variables) -> int:
     >>> layer.build((None, 4))
     >>> count_free_parameters(layer)  # a 4x3 kernel and 3 biases
     15
+    >>> from refimpl import enable_partial
+    >>> enable_partial(layer, np.eye(4, 3, dtype=bool))
+    >>> count_free_parameters(layer)  # 3 free kernel entries and 3 biases
+    6
     """
     weights = getattr(model_or_variables, "trainable_weights", None)
     if weights is None:
@@ -133,7 +137,9 @@ def count_optimizer_state(optimizer) -> int:
     """Count the values a Keras optimizer keeps for its variables.
 
     The total size of its per-weight slots (Adam's moments, momentum, EMA
-    copies, masks of a :class:`refimpl.MaskedOptimizer`, the slots of every
+    copies, masks of a
+    :class:`refimpl.MaskedOptimizer <refimpl.optimizers.MaskedOptimizer>`, the slots of
+    every
     group of a ``MultiOptimizer``); scalar bookkeeping such as the step count
     and the learning rate is left out. Build the optimizer first (one step,
     or ``optimizer.build(variables)``).

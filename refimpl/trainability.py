@@ -1,6 +1,7 @@
 """What trains in a converted model: the rest frozen, and a summary of it.
 
-:func:`refimpl.partialize` freezes every weight it did not make partial, as
+:func:`refimpl.partialize <refimpl.convert.partialize>` freezes every weight it did not
+make partial, as
 PEFT's ``get_peft_model`` and keras-hub's ``enable_lora`` do, so "1 % of the
 kernel entries" means what it says: a layer that was not named does not
 train, nor does a converted layer's bias. Layers named in ``train`` stay as
@@ -21,7 +22,8 @@ __all__ = ["trainable_summary"]
 
 
 def check_train(train) -> tuple | str:
-    """The ``train`` argument of :func:`refimpl.partialize`, checked."""
+    """The ``train`` argument of
+    :func:`refimpl.partialize <refimpl.convert.partialize>`, checked."""
     if train is None:
         return ()
     if train == "all":

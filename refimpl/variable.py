@@ -94,7 +94,7 @@ class PartialVariable(keras.layers.Layer):
             between the two at trace time, as ``mode="auto"`` does (what
             ``from_config`` passes back).
         shape: with ``num_free``, and no ``initial_value`` or ``mask``: an
-            empty shell whose values and positions are loaded with the
+            empty :term:`shell` whose values and positions are loaded with the
             weights of a saved model (what ``from_config`` builds).
         num_free: the number of free entries of such a shell.
         **kwargs: base ``Layer`` arguments (``name``, ``dtype``).
@@ -110,6 +110,22 @@ class PartialVariable(keras.layers.Layer):
     >>> keras.ops.convert_to_numpy(v.value())
     array([[1., 0.],
            [0., 2.]], dtype=float32)
+
+    In a layer of your own, create it in ``build``, keep it as an attribute, and
+    multiply with :meth:`matmul`; the layer then trains the free values alone:
+
+    >>> class Partial(keras.layers.Layer):
+    ...     def build(self, input_shape):
+    ...         kernel = np.ones((input_shape[-1], 2), "float32")
+    ...         self.w = PartialVariable(kernel, np.eye(input_shape[-1], 2, dtype=bool))
+    ...
+    ...     def call(self, x):
+    ...         return self.w.matmul(x)
+    >>> layer = Partial()
+    >>> keras.ops.convert_to_numpy(layer(np.ones((1, 3), "float32")))
+    array([[3., 3.]], dtype=float32)
+    >>> [tuple(w.shape) for w in layer.trainable_weights]
+    [(2,)]
     """
 
     def __init__(

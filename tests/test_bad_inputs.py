@@ -323,6 +323,7 @@ CASES = [
     ("selection_scores_nan", "top_k_mask", lambda: refimpl.selection.top_k_mask([np.nan], k=1), ValueError, "scores", "NaN"),
     ("selection_rows_range", "rows_mask", lambda: refimpl.selection.rows_mask((3, 2), [3]), ValueError, "rows", "[3]"),
     ("selection_band_negative", "band_mask", lambda: refimpl.selection.band_mask((3, 3), -1, 0), ValueError, "lower", "-1"),
+    ("selection_band_type", "band_mask", lambda: refimpl.selection.band_mask((3, 3), 0, 1.5), TypeError, "upper", "1.5"),
     ("selection_block_sizes", "block_mask", lambda: refimpl.selection.block_mask((3, 3), [1, 1], [3], []), ValueError, "row_sizes", "[1, 1]"),
     ("selection_fisher_batches", "fisher_scores", lambda: refimpl.selection.fisher_scores(_small_model(), W3, W3, loss="mse", batches=0), ValueError, "batches", "0"),
     ("selection_fisher_batch_type", "fisher_scores", lambda: refimpl.selection.fisher_scores(_small_model(), W3, W3, loss="mse", batch_size="32"), TypeError, "batch_size", "'32'"),

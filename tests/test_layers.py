@@ -566,9 +566,7 @@ def test_kernel_of_an_unbuilt_layer_raises():
         pytest.skip(
             "a torch layer is an nn.Module, whose __getattr__ replaces the message"
         )
-    with pytest.raises(
-        AttributeError, match="You must build the layer before accessing `kernel`"
-    ):
+    with pytest.raises(AttributeError, match="Build the layer before reading `kernel`"):
         PartialDense(2, np.zeros((3, 2), bool)).kernel  # noqa: B018
 
 

@@ -1,23 +1,13 @@
-"""The few pieces that differ between Keras backends, behind one function each.
+"""The Keras backend refimpl runs on, and the pieces that differ between backends.
 
-Everything else in refimpl's Keras-level API is written in ``keras.ops`` and
-runs unchanged under ``KERAS_BACKEND=tensorflow``, ``jax`` and ``torch``. This
-package picks the module of the active backend once, at import:
-
-* :func:`read_now`: a variable's current value as NumPy, also while a
-  function is being traced; :func:`try_read_now`: the same, or ``None``
-  where the backend does not know it (JAX, inside ``fit``'s traced step);
-* :func:`bool_constant`: a large boolean NumPy mask as a backend tensor, fast;
-* :func:`mask_sparse_gradient`: zero the frozen rows of a sparse (row-slice)
-  gradient, for the backends that have one (TensorFlow's ``IndexedSlices``);
-* :func:`assign_on_every_replica`: an assign that is also correct inside a
-  ``tf.distribute`` replica function;
-* :func:`batch_gradients`: the gradients of a model's batch loss with
-  respect to its trainable weights, as NumPy arrays;
-  :func:`variable_gradients`: the same with respect to chosen variables,
-  frozen ones included (a partial layer's base);
-* :func:`is_variable` and :func:`is_symbolic`: what kind of value an
-  argument is (a variable; a tensor whose value is not known yet).
+Everything in refimpl's Keras-level API is written in ``keras.ops`` and runs
+unchanged under ``KERAS_BACKEND=tensorflow``, ``jax`` and ``torch``. Of this
+module, a user needs two names: :data:`name`, the backend of this process, and
+:func:`require_tensorflow`, which TensorFlow-level code calls first. The others,
+listed in ``__all__`` (``read_now``, ``bool_constant``, ``batch_gradients`` and
+the like), are the backend-specific parts of refimpl's own code, picked once at
+import from ``refimpl.backend._tensorflow``, ``_jax`` or ``_torch``; they are
+not public API and may change.
 
 >>> from refimpl import backend
 >>> backend.name in ("tensorflow", "jax", "torch")
@@ -74,13 +64,18 @@ def require_tensorflow(what: str) -> None:
     The TensorFlow-level teaching code (``tf`` tensors, ``tf.distribute``,
     the SciPy minimizer on ``tf.Variable`` s) calls this first.
 
+    Call it first in a function that needs TensorFlow tensors, as
+    :mod:`refimpl.tf` does at import:
+
+    >>> def to_tf_variable(value):
+    ...     require_tensorflow("to_tf_variable")
+    ...     import tensorflow as tf
+    ...
+    ...     return tf.Variable(value)
     >>> try:
-    ...     require_tensorflow("my TensorFlow-level code")
-    ...     runs = True
-    ... except ImportError:
-    ...     runs = False
-    >>> runs == (name == "tensorflow")
-    True
+    ...     v = to_tf_variable(1.0)
+    ... except ImportError as err:  # on JAX or PyTorch: it says what to set
+    ...     assert "KERAS_BACKEND=tensorflow" in str(err)
     """
     if name != "tensorflow":
         raise ImportError(

@@ -1,10 +1,15 @@
 """Keras layers with a partially trainable weight.
 
-* :class:`PartialDense` and the partial classes of :mod:`refimpl.layers.partial`:
+* :class:`PartialDense <refimpl.layers.dense.PartialDense>` and the partial classes of
+  :mod:`refimpl.layers.partial`:
   a Keras layer's own weight as the frozen base, with ``k`` free values
-  (what :func:`refimpl.partialize` and :func:`refimpl.enable_partial` make);
-* :class:`DiagonalDense`, :class:`BandedDense` and :class:`BlockDense`
-  (:mod:`refimpl.layers.structured`): a Dense kernel built from only the
+  (what :func:`refimpl.partialize <refimpl.convert.partialize>` and
+  :func:`refimpl.enable_partial <refimpl.layers.enable.enable_partial>` make);
+* :class:`DiagonalDense <refimpl.layers.structured.DiagonalDense>`,
+  :class:`BandedDense <refimpl.layers.structured.BandedDense>` and
+  :class:`BlockDense <refimpl.layers.block.BlockDense>`
+  (:mod:`refimpl.layers.structured`, :mod:`refimpl.layers.block`): a Dense kernel built
+  from only the
   values of its structure, multiplied without building it.
 """
 

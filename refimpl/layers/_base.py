@@ -102,17 +102,31 @@ class StructuredDense(keras.layers.Dense):
 
     @property
     def kernel(self):
-        """The dense kernel ``[input_dim, units]``, in the variable dtype."""
+        """The dense kernel ``[input_dim, units]``, in the variable dtype.
+
+        Raises:
+            AttributeError: if the layer is not built (as ``keras.layers.Dense``).
+        """
         if not self.built:
-            raise AttributeError("You must build the layer before accessing `kernel`.")
+            raise AttributeError(
+                f"Build the layer before reading `kernel`. Received: {self.name!r}, "
+                "not built"
+            )
         self._check_loaded()
         return self._kernel(self.variable_dtype)
 
     @property
     def trainable_mask(self) -> np.ndarray:
-        """Boolean mask of the kernel's shape, ``True`` where an entry is free."""
+        """Boolean mask of the kernel's shape, ``True`` where an entry is free.
+
+        Raises:
+            AttributeError: if the layer is not built.
+        """
         if not self.built:
-            raise AttributeError("Build the layer before reading `trainable_mask`.")
+            raise AttributeError(
+                "Build the layer before reading `trainable_mask`. "
+                f"Received: {self.name!r}, not built"
+            )
         return self._trainable_mask()
 
     def to_dense(self) -> keras.layers.Dense:

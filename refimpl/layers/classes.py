@@ -66,8 +66,10 @@ def _make(plain_class, targets=(("kernel", False),), on_demand=False):
         "__doc__": (
             f"A ``{plain_class.__module__.split('.')[0]}`` "
             f"``{plain_class.__name__}`` whose {names} is trainable only "
-            "at some entries: made by :func:`refimpl.partialize` or "
-            ":func:`refimpl.enable_partial`."
+            "at some entries: made by "
+            ":func:`refimpl.partialize <refimpl.convert.partialize>` or "
+            ":func:`refimpl.enable_partial "
+            "<refimpl.layers.enable.enable_partial>`."
         ),
     }
     for target, attribute in targets:

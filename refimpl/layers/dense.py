@@ -1,6 +1,7 @@
 """``PartialDense``: the partial class of ``keras.layers.Dense``.
 
-What :func:`refimpl.partialize` and :func:`refimpl.enable_partial` make of a
+What :func:`refimpl.partialize <refimpl.convert.partialize>` and
+:func:`refimpl.enable_partial <refimpl.layers.enable.enable_partial>` make of a
 Dense layer, and the layer to build from a mask; with ``mode="sparse"`` it
 multiplies without composing the kernel (:func:`refimpl.ops.sparse_matmul`).
 The mechanism is :mod:`refimpl.layers.partial`.
@@ -25,7 +26,8 @@ __all__ = ["PartialDense"]
 class PartialDense(PartialWeightMixin, keras.layers.Dense):
     """A ``keras.layers.Dense`` whose kernel is trainable only in a mask.
 
-    The partial class of ``Dense``: what :func:`refimpl.partialize` and
+    The partial class of ``Dense``: what
+    :func:`refimpl.partialize <refimpl.convert.partialize>` and
     :func:`enable_partial` make of a Dense layer, and the layer to build from
     a mask. Every ``Dense`` argument works as for Dense; the kernel
     initializer draws the whole starting kernel (the frozen entries and the
@@ -41,13 +43,15 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
             ``refimpl.ops.SPARSE_BELOW_DENSITY``), ``"select"`` (a
             kernel-sized trainable weight, filtered), ``"slices"`` (whole
             rows, columns or a block through dense sub-products) or
-            ``"auto"`` (see :func:`refimpl.enable_partial`).
+            ``"auto"`` (see
+            :func:`refimpl.enable_partial <refimpl.layers.enable.enable_partial>`).
         num_free: only without a mask: the number of free values of the
             shell that ``from_config`` builds, whose positions and values come
             with the saved weights.
         auto: only without a mask: whether that shell's mode was ``"auto"``.
         rest_trainable: whether the bias trains (``False`` is what
-            :func:`refimpl.partialize` gives a converted layer).
+            :func:`refimpl.partialize <refimpl.convert.partialize>` gives a converted
+            layer).
         **kwargs: every other ``keras.layers.Dense`` argument.
 
     >>> layer = PartialDense(2, [[0, 0], [2, 1]], use_bias=False)

@@ -16,7 +16,7 @@ gives each host a subclass of its own class (``PartialMultiHeadAttention``,
 their paths, free counts and modes, and which sub-layers are frozen. Loading
 rebuilds the plain host from its own config, then turns those sub-layers into
 shells that the saved weights fill. :func:`unmark_hosts` gives the plain class
-back, as :func:`refimpl.merge` does.
+back, as :func:`refimpl.merge <refimpl.convert.merge>` does.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def host_class(plain: type) -> type:
                 "__qualname__": name,
                 "__doc__": (
                     f"A ``{plain.__name__}`` that holds partial sub-layers: "
-                    "made by :func:`refimpl.partialize`."
+                    "made by :func:`refimpl.partialize <refimpl.convert.partialize>`."
                 ),
             },
         )
@@ -149,8 +149,10 @@ def install(layer, records, frozen=()) -> None:
 def mark_hosts(model) -> list:
     """Give every host of a partial layer in ``model`` its host class.
 
-    :func:`refimpl.partialize` calls it; call it yourself after
-    :func:`refimpl.enable_partial` on a sub-layer of a host (an attention
+    :func:`refimpl.partialize <refimpl.convert.partialize>` calls it; call it yourself
+    after
+    :func:`refimpl.enable_partial <refimpl.layers.enable.enable_partial>` on a sub-layer
+    of a host (an attention
     layer's projection, say), before saving.
 
     >>> from refimpl import enable_partial

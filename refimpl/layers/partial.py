@@ -1,9 +1,13 @@
 """One mechanism for a Keras layer whose weight is trainable only at some entries.
 
 It is the pattern of Keras' own ``Dense.enable_lora`` and of
-``torch.nn.utils.parametrize``, for every weight-bearing layer Keras ships with
-a ``kernel`` or ``embeddings`` property (``Dense``, ``EinsumDense``, the
-convolutions, ``Embedding``):
+``torch.nn.utils.parametrize``, for each layer class that
+:func:`~refimpl.layers.classes.supported_classes` lists: ``Dense``,
+``EinsumDense``, the convolutions (transposed, depthwise and separable too),
+``Embedding``, keras-hub's ``ReversibleEmbedding``, and the ``SimpleRNN``,
+``LSTM`` and ``GRU`` cells. One weight per layer is partial, the one
+:func:`~refimpl.layers.classes.target_weight` names (the ``kernel`` or the
+``embeddings`` unless another is chosen, such as ``recurrent_kernel``):
 
 * the layer's own weight stays where it is, as the frozen **base**
   (``trainable=False``);
@@ -11,7 +15,7 @@ convolutions, ``Embedding``):
   ``"select"`` form a kernel-sized weight, with kernel-sized optimizer state), and
   ``partial_positions``, their flat positions (non-trainable, int32, int64
   above 2**31 entries);
-* the ``kernel`` (or ``embeddings``) property returns the base with the free
+* the weight's property (``kernel``, ``embeddings``) returns the base with the free
   values written in (:func:`refimpl.ops.compose`), so the layer's own ``call``
   runs unchanged, and every output equals the original layer's bit for bit
   until the free values move.
@@ -24,7 +28,8 @@ bits under every optimizer, and the optimizer state is ``k`` values per slot
 (kernel-sized in the select form).
 The layer saves every variable as it is (the base, the free values, their
 positions), so a reloaded layer has the same weights bit for bit;
-:meth:`to_dense` and :func:`refimpl.merge` give the plain layer back.
+:meth:`to_dense` and :func:`refimpl.merge <refimpl.convert.merge>` give the plain layer
+back.
 """
 
 from __future__ import annotations
@@ -189,7 +194,8 @@ class PartialWeightMixin:
     def freeze_rest(self) -> None:
         """Freeze the layer's other weights (its bias): only the free values train.
 
-        What :func:`refimpl.partialize` does by default, as PEFT and
+        What :func:`refimpl.partialize <refimpl.convert.partialize>` does by default, as
+        PEFT and
         keras-hub's ``enable_lora`` freeze every weight they do not adapt.
         It is kept in the layer's config, so a reloaded layer is frozen alike.
         """
@@ -322,7 +328,8 @@ class PartialWeightMixin:
 
         The trained weight is written into the layer's own variable, which
         trains again; ``partial_free`` and ``partial_positions`` are removed.
-        What :func:`refimpl.merge` does to every partial layer, at any depth.
+        What :func:`refimpl.merge <refimpl.convert.merge>` does to every partial layer,
+        at any depth.
         """
         self._partial_check_loaded()
         value = keras.ops.convert_to_numpy(getattr(self, self._partial_target))

@@ -7,13 +7,15 @@ The math is :mod:`refimpl.structured`; these classes only hold the weights.
 Like ``Dense``, each computes ``activation(x @ kernel + bias)``;
 ``layer.kernel`` is the dense kernel (in the variable dtype) and
 ``layer.trainable_mask`` marks its free entries, for inspection and for
-:func:`refimpl.testing.assert_frozen`. :class:`refimpl.PartialDense` (any mask
+:func:`refimpl.testing.assert_frozen`.
+:class:`refimpl.PartialDense <refimpl.layers.dense.PartialDense>` (any mask
 over a frozen base) lives in :mod:`refimpl.layers.dense`.
 
 Fixed values (a fixed diagonal, fixed blocks) are non-trainable weights, so
 they live in the weights file and never in ``get_config``. Every layer has
 ``from_dense`` (copy a built ``keras.layers.Dense``) and ``to_dense`` (return
-one), and :func:`refimpl.merge` folds a whole model back into plain Keras.
+one), and :func:`refimpl.merge <refimpl.convert.merge>` folds a whole model back into
+plain Keras.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""What a saved :class:`refimpl.MaskedOptimizer` needs to find its masks again."""
+"""What a saved :class:`refimpl.MaskedOptimizer <refimpl.optimizers.MaskedOptimizer>`
+needs to find its masks again."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Mask the gradients in a custom loop: :func:`mask_gradients` and one whole step.
 
 :func:`apply_masked_gradients` is one training step of
-:class:`refimpl.MaskedOptimizer` for a custom loop, on the same code;
+:class:`refimpl.MaskedOptimizer <refimpl.optimizers.MaskedOptimizer>` for a custom loop,
+on the same code;
 :func:`mask_gradients` only masks.
 """
 

@@ -2,9 +2,11 @@
 
 The book builds each TF 1 answer in today's TensorFlow with these:
 
-* :func:`partially_trainable` and :func:`one_hot_trainable` block the
+* :func:`partially_trainable <refimpl.tf.stop_gradient.partially_trainable>` and
+  :func:`one_hot_trainable <refimpl.tf.stop_gradient.one_hot_trainable>` block the
   gradient of the frozen positions of a full tensor (``tf.stop_gradient``);
-* :func:`minimize` runs SciPy over the free entries of some variables only,
+* :func:`minimize <refimpl.tf.scipy_optimize.minimize>` runs SciPy over the free entries
+  of some variables only,
   the replacement for TF 1's ``ScipyOptimizerInterface``; it needs SciPy
   (``pip install "refimpl[scipy]"``).
 
