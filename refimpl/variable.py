@@ -81,7 +81,7 @@ class PartialVariable(keras.layers.Layer):
     * ``"auto"``: :func:`refimpl.ops.choose_mode` picks one of the three. When
       it picks ``"sparse"`` or ``"delta"`` (the same weights), :meth:`matmul`
       chooses again between the two when it is traced, by whether XLA
-      compiles it (:data:`SPARSE_BELOW_DENSITY_XLA`); :attr:`auto` is then
+      compiles it (:data:`~refimpl.ops.SPARSE_BELOW_DENSITY_XLA`); ``auto`` is then
       ``True``.
 
     Args:
@@ -279,7 +279,7 @@ class PartialVariable(keras.layers.Layer):
     def product_mode(self) -> str:
         """The form :meth:`matmul` uses here: ``"sparse"``, ``"delta"`` or ``"select"``.
 
-        :attr:`mode`, except with :attr:`auto`, where it also depends on
+        ``mode``, except with ``auto``, where it also depends on
         whether XLA compiles the code being traced.
         """
         if not self.auto or not xla_enabled():

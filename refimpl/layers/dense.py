@@ -28,7 +28,8 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
 
     The partial class of ``Dense``: what
     :func:`refimpl.partialize <refimpl.convert.partialize>` and
-    :func:`enable_partial` make of a Dense layer, and the layer to build from
+    :func:`~refimpl.layers.enable.enable_partial` make of a Dense layer, and the layer
+    to build from
     a mask. Every ``Dense`` argument works as for Dense; the kernel
     initializer draws the whole starting kernel (the frozen entries and the
     free values' start).

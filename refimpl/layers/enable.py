@@ -1,7 +1,7 @@
 """Make a built Keras layer partially trainable: :func:`enable_partial`.
 
 The partial classes are made in :mod:`refimpl.layers.classes`;
-:func:`partial_class` finds the one of a class.
+:func:`~refimpl.layers.classes.partial_class` finds the one of a class.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def enable_partial(
     """Make a built layer's kernel (or embeddings) trainable only in ``mask``.
 
     In place, like Keras' ``enable_lora``: the layer becomes an instance of
-    its :func:`partial_class`, its weight becomes the frozen base, and its
+    its :func:`~refimpl.layers.classes.partial_class`, its weight becomes the frozen
+    base, and its
     outputs do not change. Compile the model again after converting.
 
     Args:

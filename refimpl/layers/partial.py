@@ -22,13 +22,15 @@ It is the pattern of Keras' own ``Dense.enable_lora`` and of
 
 Each partial class is a subclass of the plain one with a name of its own
 (``PartialConv2D``, registered as ``refimpl>PartialConv2D``);
-:class:`PartialDense` is the partial class of ``Dense``, and can also be built
+:class:`~refimpl.layers.dense.PartialDense` is the partial class of ``Dense``, and can
+also be built
 from a mask. An optimizer sees only the free values: frozen entries keep their
 bits under every optimizer, and the optimizer state is ``k`` values per slot
 (kernel-sized in the select form).
 The layer saves every variable as it is (the base, the free values, their
 positions), so a reloaded layer has the same weights bit for bit;
-:meth:`to_dense` and :func:`refimpl.merge <refimpl.convert.merge>` give the plain layer
+:meth:`~refimpl.layers.dense.PartialDense.to_dense` and
+:func:`refimpl.merge <refimpl.convert.merge>` give the plain layer
 back.
 """
 
