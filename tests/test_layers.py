@@ -566,8 +566,15 @@ def test_kernel_of_an_unbuilt_layer_raises():
         pytest.skip(
             "a torch layer is an nn.Module, whose __getattr__ replaces the message"
         )
-    with pytest.raises(AttributeError, match="Build the layer before reading `kernel`"):
+    with pytest.raises(
+        AttributeError, match="You must build the layer before accessing"
+    ):
         PartialDense(2, np.zeros((3, 2), bool)).kernel  # noqa: B018
+    unbuilt = DiagonalDense(name="diag")
+    with pytest.raises(AttributeError, match="Build the layer before reading `kernel`"):
+        unbuilt.kernel  # noqa: B018
+    with pytest.raises(AttributeError, match="`trainable_mask`. Received: 'diag'"):
+        unbuilt.trainable_mask  # noqa: B018
 
 
 def _eager_adamw_steps(layer, x, steps=3):
