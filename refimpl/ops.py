@@ -120,6 +120,8 @@ def compose(base, positions, free, *, mode: str = "delta", mask=None):
     base = keras.ops.convert_to_tensor(base)
     shape = tuple(base.shape)
     if not (keras.ops.is_tensor(positions) or backend.is_variable(positions)):
+        # The dtype it came with: JAX without x64 would turn float64 into float32.
+        given = getattr(free, "dtype", None)
         free = keras.ops.convert_to_tensor(free)
         positions = flat_positions(positions, shape, name="positions")
         expected = (len(positions),) if mode == "delta" else shape
@@ -131,6 +133,8 @@ def compose(base, positions, free, *, mode: str = "delta", mask=None):
         positions = keras.ops.convert_to_tensor(positions, index_dtype(shape))
         free = keras.ops.convert_to_tensor(free)
         dtypes = [keras.backend.standardize_dtype(t.dtype) for t in (base, free)]
+        if given is not None:
+            dtypes[1] = keras.backend.standardize_dtype(given)
         if dtypes[0] != dtypes[1]:
             raise TypeError(
                 f"`free` must have the base's dtype {dtypes[0]}. "

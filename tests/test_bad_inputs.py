@@ -413,11 +413,11 @@ def test_case_ids_are_unique():
 
 
 # Rows that need two floating-point dtypes: JAX without x64 reads float64 as
-# float32, so they run under TensorFlow (and PyTorch) only.
+# float32, so they run under TensorFlow (and PyTorch) only. (`compose` reads
+# the dtype an array comes with, so its row runs on JAX too.)
 _TWO_FLOAT_DTYPES = {
     "diagonal_matmul_dtype",
     "banded_mixed_dtypes",
-    "scatter_free_dtype",
 }
 _TENSORFLOW_LEVEL = {"partially_trainable", "one_hot_trainable", "minimize"}
 

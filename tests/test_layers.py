@@ -570,6 +570,10 @@ def test_kernel_of_an_unbuilt_layer_raises():
         AttributeError, match="You must build the layer before accessing"
     ):
         PartialDense(2, np.zeros((3, 2), bool)).kernel  # noqa: B018
+    partial = PartialDense(2, [[0, 0]], name="pd")
+    for attribute in ("trainable_mask", "num_free", "partial_mode", "base_weight"):
+        with pytest.raises(AttributeError, match=f"`{attribute}`. Received: 'pd'"):
+            getattr(partial, attribute)
     unbuilt = DiagonalDense(name="diag")
     with pytest.raises(AttributeError, match="Build the layer before reading `kernel`"):
         unbuilt.kernel  # noqa: B018

@@ -206,6 +206,15 @@ class PartialWeightMixin:
                 variable.trainable = False
         self._partial_rest_frozen = True
 
+    def _partial_require_built(self, attribute: str) -> None:
+        try:
+            self._partial_mode
+        except AttributeError:
+            raise AttributeError(
+                f"Build the layer before reading `{attribute}`. "
+                f"Received: {self.name!r}, not built"
+            ) from None
+
     def _partial_check_loaded(self):
         if self._partial_loaded:
             return
@@ -230,6 +239,7 @@ class PartialWeightMixin:
     @property
     def trainable_mask(self) -> np.ndarray:
         """The boolean mask of the partial weight (``True`` = trainable)."""
+        self._partial_require_built("trainable_mask")
         self._partial_check_loaded()
         base = self._partial_base()
         mask = np.zeros(int(np.prod(base.shape)), bool)
@@ -243,11 +253,13 @@ class PartialWeightMixin:
         ``layer.kernel`` (``embeddings``) is the composed tensor, as under
         Keras' LoRA; this is the variable (with its ``path``).
         """
+        self._partial_require_built("base_weight")
         return self._partial_base()
 
     @property
     def num_free(self) -> int:
         """The number of trainable entries of the partial weight."""
+        self._partial_require_built("num_free")
         return self._partial_num_free
 
     @property
@@ -256,6 +268,7 @@ class PartialWeightMixin:
 
         One of ``"delta"``, ``"sparse"``, ``"select"`` and ``"slices"``.
         """
+        self._partial_require_built("partial_mode")
         return self._partial_mode
 
     def product_mode(self) -> str:
