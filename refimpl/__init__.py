@@ -6,11 +6,17 @@ around that, in two families:
 * **reparametrize**: build the tensor from free values and fixed values, so
   the optimizer only ever sees the free values (exact under every optimizer,
   and the optimizer state is one value per free entry): the partial layers
-  (:class:`PartialDense`, :func:`partialize`, :func:`enable_partial`),
-  :class:`PartialVariable` in your own layer, and the structured layers
-  (:class:`DiagonalDense`, :class:`BandedDense`, :class:`BlockDense`);
+  (:class:`PartialDense <refimpl.layers.dense.PartialDense>`,
+  :func:`partialize <refimpl.convert.partialize>`,
+  :func:`enable_partial <refimpl.layers.enable.enable_partial>`),
+  :class:`PartialVariable <refimpl.variable.PartialVariable>` in your own layer,
+  and the structured layers
+  (:class:`DiagonalDense <refimpl.layers.structured.DiagonalDense>`,
+  :class:`BandedDense <refimpl.layers.structured.BandedDense>`,
+  :class:`BlockDense <refimpl.layers.block.BlockDense>`);
 * **restrict the update**: keep one full variable and filter its update
-  (:class:`MaskedOptimizer`, :class:`FreezeEntries`).
+  (:class:`MaskedOptimizer <refimpl.optimizers.MaskedOptimizer>`,
+  :class:`FreezeEntries <refimpl.constraints.FreezeEntries>`).
 
 The top level holds what a model needs. The rest lives in submodules:
 :mod:`refimpl.masks` (masks and index lists), :mod:`refimpl.ops` (compose,
@@ -18,10 +24,34 @@ the sparse product, the choice of form), :mod:`refimpl.structured` (diagonal,
 band and block matrices and their products), :mod:`refimpl.selection` (which
 entries to train), :mod:`refimpl.trainability` (what trains in a converted
 model), :mod:`refimpl.drop_and_grow` (masks that change while training:
-:class:`DropAndGrow`), :mod:`refimpl.testing` (checks), :mod:`refimpl.plotting`,
+:class:`DropAndGrow <refimpl.drop_and_grow.DropAndGrow>`),
+:mod:`refimpl.testing` (checks), :mod:`refimpl.plotting`,
 :mod:`refimpl.optimizers`, :mod:`refimpl.backend`, and :mod:`refimpl.tf`, the
 TensorFlow-level teaching code. Everything but :mod:`refimpl.tf` runs on every
 Keras backend: TensorFlow, JAX and PyTorch.
+
+The whole workflow on a model: convert it so that a quarter of one kernel
+trains (the entries of largest magnitude), train it with ``fit``, save the
+trained entries alone, and fold the model back into plain Keras layers.
+
+>>> import os, tempfile
+>>> import keras, numpy as np, refimpl
+>>> hidden = keras.layers.Dense(8, name="hidden")
+>>> model = keras.Sequential([keras.Input((16,)), hidden, keras.layers.Dense(1)])
+>>> top_quarter = lambda w: refimpl.selection.magnitude_mask(w, fraction=0.25)
+>>> tuned = refimpl.partialize(model, {"hidden": top_quarter})
+>>> [tuple(w.shape) for w in tuned.trainable_weights]  # 32 of 128 entries train
+[(32,)]
+>>> tuned.compile(optimizer="adam", loss="mse")
+>>> x, y = np.ones((32, 16), "float32"), np.zeros((32, 1), "float32")
+>>> _ = tuned.fit(x, y, epochs=2, verbose=0)
+>>> path = os.path.join(tempfile.mkdtemp(), "tuned.npz")
+>>> saved = refimpl.save_partial_weights(tuned, path)
+>>> saved["partial"]  # weight path -> entries saved
+{'hidden/kernel': 32}
+>>> plain = refimpl.merge(tuned)
+>>> [type(layer).__name__ for layer in plain.layers]
+['Dense', 'Dense']
 """
 
 __version__ = "2.4.1"

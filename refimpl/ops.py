@@ -260,12 +260,15 @@ def xla_enabled() -> bool:
 
 
 def choose_mode(mask, *, jit_compile: bool = False) -> str:
-    """Return the fastest exact form for ``mask``: sparse, delta or select.
+    """Return the exact form measured fastest for ``mask``: sparse, delta or select.
 
     By the fraction of free entries (the density): ``"sparse"`` below
     :data:`SPARSE_BELOW_DENSITY` (:data:`SPARSE_BELOW_DENSITY_XLA` with
     ``jit_compile=True``) for a matrix; ``"select"`` from
-    :data:`SELECT_ABOVE_DENSITY` on; ``"delta"`` in between.
+    :data:`SELECT_ABOVE_DENSITY` on; ``"delta"`` in between. The select switch
+    was measured without XLA: under XLA the delta measured faster than the
+    select at every density, so with ``jit_compile=True`` and that many free
+    entries, build with ``mode="delta"`` (the book's benchmark chapter).
 
     Args:
         mask: a boolean or 0.0/1.0 mask (``True`` = free); not an index list,

@@ -134,8 +134,11 @@ class StructuredDense(keras.layers.Dense):
 
         The Dense layer has the same name, dtype policy, activation, bias
         regularizer and constraint, and activity regularizer. Its kernel and
-        bias equal this layer's bit for bit; the structured products (diagonal,
-        band, blocks) add in another order, so the outputs agree to rounding.
+        bias equal this layer's bit for bit. A diagonal's output agrees bit for
+        bit too (one non-zero term per output entry, as :func:`refimpl.merge
+        <refimpl.convert.merge>` says); the band's and the blocks' products add
+        in another order than a dense product, so their outputs agree to
+        rounding.
 
         Raises:
             ValueError: if the layer is not built.

@@ -8,7 +8,12 @@ imported (``PartialDense`` is written out in :mod:`refimpl.layers.dense`):
   property;
 * a weight kept as a plain attribute (``Conv1DTranspose``-``3DTranspose``,
   ``DepthwiseConv1D``/``2D``): the partial class adds a property of that name,
-  which shadows the attribute and composes it.
+  which shadows the attribute and composes it;
+* a layer with two weights of that kind (``SeparableConv1D``/``2D``: the
+  depthwise and the pointwise kernel; ``SimpleRNNCell``, ``LSTMCell`` and
+  ``GRUCell``: ``kernel`` and ``recurrent_kernel``): one of them is partial, the
+  first (``depthwise_kernel``, ``kernel``) unless ``weight=`` names the other
+  (:func:`target_weight`).
 
 A subclass of one of them from Keras or keras-hub (keras-hub's
 ``ReversibleEmbedding``), and keras-hub's ``PositionEmbedding``, get theirs on

@@ -208,7 +208,7 @@ class PartialWeightMixin:
 
     def _partial_require_built(self, attribute: str) -> None:
         try:
-            self._partial_mode
+            self._partial_mode  # noqa: B018  (set when the layer is built)
         except AttributeError:
             raise AttributeError(
                 f"Build the layer before reading `{attribute}`. "

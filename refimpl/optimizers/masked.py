@@ -29,10 +29,11 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
 
     Args:
         optimizer: the inner Keras optimizer, or its name (``"adam"``).
-        masks: a list of ``(variable, mask)`` pairs. A boolean mask (or index
-            list) marks the trainable entries; a floating-point mask in
-            [0, 1] scales each entry's update. Variables not listed train in
-            full.
+        masks: required: a list of ``(variable, mask)`` pairs. A boolean mask
+            (or index list) marks the trainable entries; a floating-point mask
+            in [0, 1] scales each entry's update. Variables not listed train
+            in full. (Its default ``None`` is for ``from_config`` alone, whose
+            masks come with the saved variables.)
         restore_frozen: write the frozen entries (mask ``False`` or 0.0) back
             after every update, and after EMA finalization: the frozen entries are
             exact under every optimizer, for one copy of each masked variable
