@@ -31,17 +31,19 @@ TensorFlow-level teaching code. Everything but :mod:`refimpl.tf` runs on every
 Keras backend: TensorFlow, JAX and PyTorch.
 
 The whole workflow on a model: convert it so that a quarter of one kernel
-trains (the entries of largest magnitude), train it with ``fit``, save the
-trained entries alone, and fold the model back into plain Keras layers.
+trains (the entries of largest magnitude) with the head, train it with
+``fit``, save the trained entries alone, and fold the model back into plain
+Keras layers.
 
 >>> import os, tempfile
 >>> import keras, numpy as np, refimpl
 >>> hidden = keras.layers.Dense(8, name="hidden")
->>> model = keras.Sequential([keras.Input((16,)), hidden, keras.layers.Dense(1)])
+>>> head = keras.layers.Dense(1, name="head")
+>>> model = keras.Sequential([keras.Input((16,)), hidden, head])
 >>> top_quarter = lambda w: refimpl.selection.magnitude_mask(w, fraction=0.25)
->>> tuned = refimpl.partialize(model, {"hidden": top_quarter})
->>> [tuple(w.shape) for w in tuned.trainable_weights]  # 32 of 128 entries train
-[(32,)]
+>>> tuned = refimpl.partialize(model, {"hidden": top_quarter}, train=["head"])
+>>> [tuple(w.shape) for w in tuned.trainable_weights]  # 32 of 128, and the head
+[(32,), (8, 1), (1,)]
 >>> tuned.compile(optimizer="adam", loss="mse")
 >>> x, y = np.ones((32, 16), "float32"), np.zeros((32, 1), "float32")
 >>> _ = tuned.fit(x, y, epochs=2, verbose=0)

@@ -40,8 +40,10 @@ __all__ = [
 #: Density (fraction of free entries) from which ``"select"`` is chosen.
 #: Measured for one training step (forward, gradient, Adam update) with a batch
 #: of 64 on a 2-core CPU, at n = 4096, without XLA: the delta step grows with
-#: the number of free values and overtakes the select step between 10% and 15%
-#: free (the delta was ahead at 10% and the select at 15% in the committed runs).
+#: the number of free values, and becomes slower than the select step between
+#: 10% and 15% free (the delta was ahead at 10% and the select at 15% in the
+#: committed runs). Under XLA the delta stayed ahead at every density measured,
+#: but the switch is the same: see :func:`choose_mode`.
 #: The benchmark's ``partial_delta`` and ``partial_select`` rows (``cpu.csv``,
 #: ``cpu_crossover.csv``) are the committed evidence.
 SELECT_ABOVE_DENSITY = 0.125
@@ -260,7 +262,7 @@ def xla_enabled() -> bool:
 
 
 def choose_mode(mask, *, jit_compile: bool = False) -> str:
-    """Return the exact form measured fastest for ``mask``: sparse, delta or select.
+    """Return the exact form for ``mask`` by its density: sparse, delta or select.
 
     By the fraction of free entries (the density): ``"sparse"`` below
     :data:`SPARSE_BELOW_DENSITY` (:data:`SPARSE_BELOW_DENSITY_XLA` with

@@ -1,8 +1,10 @@
 """Choosing which entries to train: seeded, deterministic masks.
 
 Each mask function returns a boolean NumPy mask (``True`` = trainable) of the
-weight's shape; the scored ones (random, magnitude, Fisher) have exactly ``k``
-trainable entries, or ``round(fraction * size)`` of them, and
+weight's shape; the scored ones (random, magnitude, Fisher) take exactly one of
+``k``, an int from 0 to the weight's size, and ``fraction``, a number from 0 to
+1, and have exactly ``k`` trainable entries, or ``round(fraction * size)`` of
+them (Python's rounding, half to even: ``round(2.5)`` is 2).
 :func:`fisher_scores` returns the scores themselves:
 
 * :func:`random_mask`: uniformly at random, from a seed;

@@ -82,7 +82,8 @@ class PartialVariable(keras.layers.Layer):
       it picks ``"sparse"`` or ``"delta"`` (the same weights), :meth:`matmul`
       chooses again between the two when it is traced, by whether XLA
       compiles it (:data:`~refimpl.ops.SPARSE_BELOW_DENSITY_XLA`); ``auto`` is then
-      ``True``.
+      ``True``. Its select switch was measured without XLA: with XLA and many
+      free entries, ask for ``"delta"``.
 
     Args:
         initial_value: the dense starting tensor (floating point). Its
@@ -98,6 +99,13 @@ class PartialVariable(keras.layers.Layer):
             weights of a saved model (what ``from_config`` builds).
         num_free: the number of free entries of such a shell.
         **kwargs: base ``Layer`` arguments (``name``, ``dtype``).
+
+    Attributes:
+        free: the trainable weight: the ``k`` free values in the order of
+            ``positions`` (full-size in the ``"select"`` mode).
+        base: the frozen full tensor (non-trainable); its entries at
+            ``positions`` are not used.
+        positions: the free entries' flat row-major positions (non-trainable).
 
     Raises:
         TypeError: for a non-floating ``initial_value`` or a bad mask type.

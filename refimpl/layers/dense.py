@@ -55,6 +55,18 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
             layer).
         **kwargs: every other ``keras.layers.Dense`` argument.
 
+    Attributes:
+        partial_free: the trainable weight: the ``k`` free values in the order
+            of ``partial_positions`` (kernel-sized in the ``"select"`` form).
+        partial_positions: the non-trainable weight of the free entries' flat
+            row-major positions in the kernel (int32; int64 above 2**31
+            entries).
+
+    The classes that :func:`refimpl.partialize <refimpl.convert.partialize>`
+    makes for other layers (``PartialConv2D``, ...) hold the same two weights;
+    they are made from a built layer, by ``partialize`` or
+    :func:`~refimpl.layers.enable.enable_partial`, not constructed directly.
+
     >>> layer = PartialDense(2, [[0, 0], [2, 1]], use_bias=False)
     >>> layer.build((None, 3))
     >>> [(w.name, tuple(w.shape), w.trainable) for w in layer.weights]

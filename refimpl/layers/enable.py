@@ -61,7 +61,9 @@ def enable_partial(
             table. ``"auto"`` picks ``"slices"``
             for whole rows or columns (slices that span an axis) below half
             a ``Dense`` or ``EinsumDense`` kernel, and otherwise chooses by
-            density (:func:`refimpl.ops.choose_mode`).
+            density (:func:`refimpl.ops.choose_mode`, whose select switch was
+            measured without XLA: with XLA and many free entries, ask for
+            ``"delta"``).
         weight: which weight, for a layer with two that can be partial: a
             ``SeparableConv``'s ``"depthwise_kernel"`` (the default) or
             ``"pointwise_kernel"``, an RNN cell's ``"kernel"`` (the default)

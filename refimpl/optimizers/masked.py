@@ -64,6 +64,11 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
     >>> kernel = model.layers[0].kernel
     >>> masked = MaskedOptimizer("adam", [(kernel, [[True], [False]])])
     >>> model.compile(optimizer=masked, loss="mse")
+    >>> before = keras.ops.convert_to_numpy(kernel)
+    >>> _ = model.fit(np.ones((4, 2)), np.zeros((4, 1)), epochs=2, verbose=0)
+    >>> after = keras.ops.convert_to_numpy(kernel)
+    >>> bool(after[1, 0] == before[1, 0]), bool(after[0, 0] != before[0, 0])
+    (True, True)
     """
 
     def __init__(

@@ -8,7 +8,7 @@ The book builds each TF 1 answer in today's TensorFlow with these:
 * :func:`minimize <refimpl.tf.scipy_optimize.minimize>` runs SciPy over the free entries
   of some variables only,
   the replacement for TF 1's ``ScipyOptimizerInterface``; it needs SciPy
-  (``pip install "refimpl[scipy]"``).
+  (``pip install ".[scipy]"`` in the repository).
 
 They need ``KERAS_BACKEND=tensorflow`` and raise a clear ``ImportError``
 otherwise. Everything a Keras user needs (the layers, ``PartialVariable``,
