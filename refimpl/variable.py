@@ -75,8 +75,9 @@ class PartialVariable(keras.layers.Layer):
       :meth:`matmul` computes ``x @ base + x @ S`` with ``S`` the sparse
       matrix of the free values' differences from the base
       (:func:`refimpl.ops.sparse_matmul`): no composed matrix, and the
-      free values' gradient is a sampled product, O(batch·k). Fastest when very few
-      entries are free (``refimpl.ops.SPARSE_BELOW_DENSITY``). :meth:`value` composes
+      free values' gradient is a sampled product, O(batch·k). Fastest when very
+      few entries are free (:data:`~refimpl.ops.SPARSE_BELOW_DENSITY`).
+      :meth:`value` composes
       the matrix as ``"delta"`` does.
     * ``"auto"``: :func:`refimpl.ops.choose_mode` picks one of the three. When
       it picks ``"sparse"`` or ``"delta"`` (the same weights), :meth:`matmul`

@@ -619,3 +619,18 @@ def test_an_all_false_mask_freezes_the_whole_weight():
     converted.compile(optimizer=keras.optimizers.AdamW(0.05), loss="mse")
     converted.fit(x, y, epochs=1, verbose=0)
     np.testing.assert_array_equal(_numpy(layer.kernel), before)
+
+
+def test_a_refused_conversion_leaves_the_layer_plain():
+    # The mode is checked after the class is chosen; a refusal must undo it,
+    # so that the layer is still plain and a valid call converts it.
+    conv = keras.layers.Conv2D(4, 3, name="conv")
+    conv.build((None, 8, 8, 3))
+    mask = np.zeros((3, 3, 3, 4), bool)
+    mask[0, 0, 0, 0] = True
+    with pytest.raises(ValueError, match="of type Conv2D"):
+        refimpl.enable_partial(conv, mask, mode="sparse")
+    assert type(conv) is keras.layers.Conv2D
+    assert [w.name for w in conv.weights] == ["kernel", "bias"]
+    refimpl.enable_partial(conv, mask)
+    assert type(conv).__name__ == "PartialConv2D" and conv.num_free == 1

@@ -1,5 +1,10 @@
 """Keras layers with a partially trainable weight.
 
+A *partial class* is the subclass of a Keras layer class whose weight is
+trainable only at some entries (``PartialConv2D`` of ``Conv2D``;
+:class:`PartialDense <refimpl.layers.dense.PartialDense>` of ``Dense``). The
+layers:
+
 * :class:`PartialDense <refimpl.layers.dense.PartialDense>` and the partial classes of
   :mod:`refimpl.layers.partial`:
   a Keras layer's own weight as the frozen base, with ``k`` free values

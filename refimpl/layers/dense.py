@@ -41,7 +41,7 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
         mode: ``"delta"`` (the default: ``k`` trainable values), ``"sparse"``
             (the same weights; the product never composes the kernel, the
             fastest form when very few entries are free,
-            ``refimpl.ops.SPARSE_BELOW_DENSITY``), ``"select"`` (a
+            :data:`~refimpl.ops.SPARSE_BELOW_DENSITY`), ``"select"`` (a
             kernel-sized trainable weight, filtered), ``"slices"`` (whole
             rows, columns or a block through dense sub-products) or
             ``"auto"`` (see

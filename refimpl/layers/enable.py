@@ -129,10 +129,16 @@ def enable_partial(
     _check_constraint(base.constraint, layer.name)
     bool_mask = to_mask(mask, tuple(base.shape), name="mask")
     check_layout(layer, base, bool_mask, mode, weight)
+    positions = np.flatnonzero(bool_mask)
     layer.__class__ = partial_class(plain)
     layer._partial_target = weight
-    positions = np.flatnonzero(bool_mask)
-    layer._partial_add_weights(len(positions), positions, mode, False)
+    try:
+        layer._partial_add_weights(len(positions), positions, mode, False)
+    except Exception:
+        # Refused before any weight was added: the layer stays as it was.
+        layer.__dict__.pop("_partial_target", None)
+        layer.__class__ = plain
+        raise
 
 
 def check_layout(layer, base, mask, mode, weight=None) -> None:

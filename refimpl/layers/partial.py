@@ -59,6 +59,11 @@ from refimpl.ops import (
 __all__ = ["PartialWeightMixin"]
 
 
+def _plain_class(layer) -> type:
+    """The plain Keras class of a partial layer (``Conv2D`` for ``PartialConv2D``)."""
+    return next(c for c in type(layer).__mro__ if not issubclass(c, PartialWeightMixin))
+
+
 class PartialWeightMixin:
     """What a partial class adds to its Keras class (see the module docstring).
 
@@ -127,7 +132,7 @@ class PartialWeightMixin:
             raise ValueError(
                 "`mode` 'sparse' is a matrix product, which only a Dense layer "
                 f"computes through its kernel. Received: mode='sparse' for layer "
-                f"{self.name!r} of type {type(self).__name__}"
+                f"{self.name!r} of type {_plain_class(self).__name__}"
             )
         base.trainable = False
         flat = None if positions is None else keras.ops.convert_to_numpy(base)
