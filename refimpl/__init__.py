@@ -56,7 +56,7 @@ Keras layers.
 ['Dense', 'Dense']
 """
 
-__version__ = "2.4.1"
+__version__ = "2.4.2"
 
 from refimpl import (
     _compat,  # noqa: F401  (the Keras version check, first)
