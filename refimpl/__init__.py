@@ -5,7 +5,8 @@ around that, in two families:
 
 * **reparametrize**: build the tensor from free values and fixed values, so
   the optimizer only ever sees the free values (exact under every optimizer,
-  and the optimizer state is one value per free entry): the partial layers
+  and, in the default delta form, the optimizer state is one value per free
+  entry and slot): the partial layers
   (:class:`PartialDense <refimpl.layers.dense.PartialDense>`,
   :func:`partialize <refimpl.convert.partialize>`,
   :func:`enable_partial <refimpl.layers.enable.enable_partial>`),

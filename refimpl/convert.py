@@ -224,6 +224,8 @@ def merge(model, *, in_place: bool = False):
     serves, exports and loads without ``refimpl``, and predicts what
     ``model`` predicts: bit for bit where the layer's product is a plain
     matmul (the delta and select forms, a diagonal), to rounding otherwise.
+    Each converted layer's weights train again, its bias too; the other
+    layers keep the trainable status they had.
 
     Args:
         model: a built model that :func:`partialize` accepts: ``Sequential``,

@@ -259,8 +259,10 @@ class PartialVariable(keras.layers.Layer):
         For a matrix only. With ``mode="sparse"`` this is the sparse product
         (:func:`refimpl.ops.sparse_matmul`): the matrix is never composed,
         and the result equals ``x @ value()`` up to rounding. Otherwise it is
-        ``x @ value()``. Inside a layer's ``call`` the weights are read in the
-        layer's compute dtype, and ``x`` is cast to it.
+        ``x @ value()``. The weights have ``initial_value``'s dtype (pass a
+        float32 array, or ``dtype=``); under a mixed-precision policy, inside a
+        layer's ``call``, they are read in the layer's compute dtype, and ``x``
+        is cast to it.
 
         Raises:
             ValueError: if the tensor is not a matrix, or ``x``'s last axis

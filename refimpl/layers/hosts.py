@@ -149,11 +149,13 @@ def install(layer, records, frozen=()) -> None:
 def mark_hosts(model) -> list:
     """Give every host of a partial layer in ``model`` its host class.
 
-    :func:`refimpl.partialize <refimpl.convert.partialize>` calls it; call it yourself
-    after
-    :func:`refimpl.enable_partial <refimpl.layers.enable.enable_partial>` on a sub-layer
-    of a host (an attention
-    layer's projection, say), before saving.
+    :func:`refimpl.partialize <refimpl.convert.partialize>` calls it; call it
+    yourself after
+    :func:`refimpl.enable_partial <refimpl.layers.enable.enable_partial>` on a
+    sub-layer of a host (an attention layer's projection, say), before saving.
+
+    Returns:
+        The hosts it marked, outermost first.
 
     >>> from refimpl import enable_partial
     >>> attention = keras.layers.MultiHeadAttention(2, 4, kernel_initializer="zeros")
