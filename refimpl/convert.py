@@ -37,9 +37,12 @@ def partialize(
     (:func:`refimpl.layers.classes.supported_classes`). **Everything else is
     frozen**, as PEFT and keras-hub's ``enable_lora`` do: every other layer,
     and the chosen layers' biases (:mod:`refimpl.trainability`); ``train``
-    keeps named layers trainable. The weights, regularizers and structure are left
-    exactly as they were: before any training the new model's outputs equal
-    the original's bit for bit.
+    keeps named layers trainable. The weights and structure are left exactly as
+    they were: before any training the new model's outputs equal the
+    original's bit for bit. An elementwise kernel regularizer (L1, L2) now
+    penalizes the free entries alone: their gradients are the same, and the
+    loss that ``fit`` reports drops by the frozen entries' share of the
+    penalty.
 
     Args:
         model: a built Keras model: ``Sequential``, functional, or a subclass
@@ -224,8 +227,9 @@ def merge(model, *, in_place: bool = False):
     serves, exports and loads without ``refimpl``, and predicts what
     ``model`` predicts: bit for bit where the layer's product is a plain
     matmul (the delta and select forms, a diagonal), to rounding otherwise.
-    Each converted layer's weights train again, its bias too; the other
-    layers keep the trainable status they had.
+    Each converted layer's weights train again, its bias too; every other
+    layer keeps the trainable status it had in ``model`` (frozen, if
+    ``partialize`` froze it).
 
     Args:
         model: a built model that :func:`partialize` accepts: ``Sequential``,

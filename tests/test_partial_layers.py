@@ -634,3 +634,9 @@ def test_a_refused_conversion_leaves_the_layer_plain():
     assert [w.name for w in conv.weights] == ["kernel", "bias"]
     refimpl.enable_partial(conv, mask)
     assert type(conv).__name__ == "PartialConv2D" and conv.num_free == 1
+
+
+def test_partial_dense_refuses_a_regularizer_it_cannot_split():
+    regularizer = keras.regularizers.OrthogonalRegularizer()
+    with pytest.raises(ValueError, match="`kernel_regularizer` must be elementwise"):
+        refimpl.PartialDense(2, [[0, 0]], kernel_regularizer=regularizer)

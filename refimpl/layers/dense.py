@@ -14,7 +14,11 @@ import numpy as np
 
 from refimpl._checks import describe
 from refimpl.layers import _products
-from refimpl.layers._pieces import _check_constraint, _composing
+from refimpl.layers._pieces import (
+    _ELEMENTWISE_REGULARIZERS,
+    _check_constraint,
+    _composing,
+)
 from refimpl.layers.partial import _PLAIN_TO_PARTIAL, PartialWeightMixin
 from refimpl.masks import mask_shape, to_mask
 from refimpl.ops import LAYER_MODES, check_mode, sparse_matmul
@@ -30,9 +34,12 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
     :func:`refimpl.partialize <refimpl.convert.partialize>` and
     :func:`~refimpl.layers.enable.enable_partial` make of a Dense layer, and the layer
     to build from
-    a mask. Every ``Dense`` argument works as for Dense; the kernel
-    initializer draws the whole starting kernel (the frozen entries and the
-    free values' start).
+    a mask. The ``Dense`` arguments work as for Dense, with two limits: a
+    ``kernel_regularizer`` must be elementwise (L1, L2 or L1L2), and a
+    ``kernel_constraint`` must act on each entry alone (``NonNeg``); others
+    raise ``ValueError``. The kernel initializer
+    draws the whole starting kernel (the frozen entries and the free values'
+    start).
 
     Args:
         units: the output size, as for Dense.
@@ -113,6 +120,15 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
                 f"Received: num_free={describe(num_free)} with a trainable_mask"
             )
         _check_constraint(self.kernel_constraint, self.name)
+        regularizer = self.kernel_regularizer
+        if regularizer is not None and not isinstance(
+            regularizer, _ELEMENTWISE_REGULARIZERS
+        ):
+            raise ValueError(
+                "`kernel_regularizer` must be elementwise (L1, L2 or L1L2) to be "
+                "split between free and frozen entries. Received: "
+                f"kernel_regularizer={type(regularizer).__name__}"
+            )
         if not isinstance(rest_trainable, bool):
             raise TypeError(
                 "`rest_trainable` must be True or False. "
