@@ -108,7 +108,7 @@ class FreezeEntries(keras.constraints.Constraint, _compat.KerasSaveable):
 
     @property
     def values(self) -> np.ndarray:
-        """The frozen values, as given (scalar or full array)."""
+        """The frozen values as a NumPy array: 0-d for a scalar, else full size."""
         self._check_loaded()
         return self._values.copy()
 
