@@ -2,7 +2,8 @@
 
 Every public function of `refimpl` that takes "which positions are trainable"
 (except :func:`refimpl.ops.choose_mode`, which takes a boolean or 0.0/1.0 mask
-alone, and :func:`mask_to_indices`, a boolean mask alone) accepts the same two spellings and sends them through
+alone, and :func:`mask_to_indices`, a boolean mask alone) accepts the same two
+spellings and sends them through
 :func:`to_mask`:
 
 * a **boolean mask** of exactly the tensor's shape (``True`` = trainable), given
