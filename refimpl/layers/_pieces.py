@@ -58,6 +58,11 @@ def _composing(plain_class, target, attribute: bool = False):
     return property(fget, doc=doc)
 
 
+def _splittable_regularizer(regularizer) -> bool:
+    """Whether a kernel regularizer can act on the free entries alone."""
+    return regularizer is None or isinstance(regularizer, _ELEMENTWISE_REGULARIZERS)
+
+
 def _check_constraint(constraint, name) -> None:
     if constraint is not None and not isinstance(constraint, _ELEMENTWISE_CONSTRAINTS):
         raise ValueError(

@@ -15,9 +15,9 @@ import numpy as np
 from refimpl._checks import describe
 from refimpl.layers import _products
 from refimpl.layers._pieces import (
-    _ELEMENTWISE_REGULARIZERS,
     _check_constraint,
     _composing,
+    _splittable_regularizer,
 )
 from refimpl.layers.partial import _PLAIN_TO_PARTIAL, PartialWeightMixin
 from refimpl.masks import mask_shape, to_mask
@@ -121,9 +121,7 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
             )
         _check_constraint(self.kernel_constraint, self.name)
         regularizer = self.kernel_regularizer
-        if regularizer is not None and not isinstance(
-            regularizer, _ELEMENTWISE_REGULARIZERS
-        ):
+        if not _splittable_regularizer(regularizer):
             raise ValueError(
                 "`kernel_regularizer` must be elementwise (L1, L2 or L1L2) to be "
                 "split between free and frozen entries. Received: "

@@ -11,7 +11,7 @@ import numpy as np
 
 from refimpl import _layouts, _slices
 from refimpl._checks import describe
-from refimpl.layers._pieces import _ELEMENTWISE_REGULARIZERS, _check_constraint
+from refimpl.layers._pieces import _check_constraint, _splittable_regularizer
 from refimpl.layers.classes import (
     PARTIAL_CLASSES,
     is_supported,
@@ -117,9 +117,7 @@ def enable_partial(
     weight = weight or names[0]
     base = target_weight(layer, weight)
     target = base.path.split("/")[-1]
-    if base.regularizer is not None and not isinstance(
-        base.regularizer, _ELEMENTWISE_REGULARIZERS
-    ):
+    if not _splittable_regularizer(base.regularizer):
         raise ValueError(
             f"`layer` {layer.name!r} has a regularizer on its {target} that is "
             "not elementwise (L1, L2 or L1L2), so it cannot be split between "
