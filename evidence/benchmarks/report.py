@@ -166,6 +166,13 @@ def _plain_log_ticks(axis, ticks=None) -> None:
     axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
 
 
+def _name(variant: str) -> str:
+    """The label a plot shows for a variant id (:func:`variants.label`)."""
+    from evidence.benchmarks.variants import label
+
+    return label(variant)
+
+
 def _series(rows, variant, jit, density):
     pts = [
         r
@@ -192,7 +199,7 @@ def plot_ratio_vs_n(rows, variants, *, jit=False, density=0.01, ax=None, title=N
             [m - r["ratio_q25"] for m, r in zip(mid, pts)],
             [r["ratio_q75"] - m for m, r in zip(mid, pts)],
         ]
-        ax.errorbar(n, mid, yerr=err, marker="o", capsize=3, label=variant)
+        ax.errorbar(n, mid, yerr=err, marker="o", capsize=3, label=_name(variant))
     ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="dense step")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -225,7 +232,7 @@ def plot_ratio_vs_density(rows, variants, *, n, jit=False, crossover=None, ax=No
                 [r["density"] for r in pts],
                 [r["ratio_to_dense"] for r in pts],
                 marker="o",
-                label=variant,
+                label=_name(variant),
             )
     ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="dense step")
     if crossover is not None:
@@ -254,7 +261,7 @@ def plot_optimizer_state(rows, *, n, density=0.01, ax=None):
     picked = [r for r in picked if r["optimizer_state_values"] is not None]
     if ax is None:
         _, ax = plt.subplots(figsize=(7.5, 0.3 * len(picked) + 1))
-    names = [r["variant"] for r in picked]
+    names = [_name(r["variant"]) for r in picked]
     y = range(len(picked))
     ax.barh(y, [r["optimizer_state_values"] for r in picked], label="Adam state")
     ax.scatter(
@@ -386,7 +393,7 @@ def plot_scaling(rows, cases=SCALING_CASES, *, min_n=1024, ax=None):
     fitted = slopes(rows, cases, min_n=min_n)
     for (variant, density), fit in fitted.items():
         n, ms = scaling_series(rows, variant, density=density, min_n=0)
-        label = variant if density is None else f"{variant} {density:g}"
+        label = _name(variant) + ("" if density is None else f" at {density:g}")
         ax.loglog(n, ms, marker="o", label=f"{label}: slope {fit['time']:.2f}")
     ax.set_xscale("log", base=2)
     _plain_log_ticks(ax.xaxis, sorted({r["n"] for r in rows}))
@@ -405,7 +412,7 @@ def plot_memory(memory_rows, *, ax=None):
     if ax is None:
         _, ax = plt.subplots(figsize=(7.5, 0.3 * len(picked) + 1.2))
     names = [
-        r["variant"] + ("" if r["density"] is None else f" {r['density']:g}")
+        _name(r["variant"]) + ("" if r["density"] is None else f" at {r['density']:g}")
         for r in picked
     ]
     y = range(len(picked))

@@ -31,12 +31,14 @@ __all__ = [
     "DENSITIES",
     "FIXED",
     "FLOOR",
+    "COMPARISONS",
     "GROUPS",
     "MASK_DENSITY",
     "SWEPT",
     "Unavailable",
     "Variant",
     "build",
+    "label",
     "make_step",
     "optimizer_state_values",
     "random_mask",
@@ -105,6 +107,29 @@ def technique(name: str) -> registry.Technique | None:
     """
     _check(name)
     return _CATALOGUE[name][2]
+
+
+#: The variants that are not techniques, each with the name tables and plots
+#: show for it.
+COMPARISONS: dict[str, str] = {
+    BASELINE: "dense step",
+    FLOOR: "x @ base alone (the floor)",
+    "diag_naive": "x @ tf.linalg.diag(w)",
+    "band_naive": "band_part of a full variable",
+    "block_naive": "tf.concat of blocks",
+}
+
+
+def label(name: str) -> str:
+    """The name tables and plots show for variant ``name``.
+
+    A technique's registry label, or the name of a comparison.
+
+    >>> label("partial_delta"), label("frozen_product")
+    ('PartialVariable (delta)', 'x @ base alone (the floor)')
+    """
+    technique_ = technique(name)
+    return technique_.label if technique_ is not None else COMPARISONS[name]
 
 
 def _check(name: str) -> None:
