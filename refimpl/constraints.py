@@ -2,11 +2,13 @@
 
 This is the *restrict the update* family in its most robust form. The weight
 stays one full variable, the optimizer updates every entry of it (weight decay
-included), and then Keras applies the variable's constraint, which writes the
-frozen values back. Keras 3 applies constraints after the whole update, so the
-frozen entries end every step with their exact bits, under any optimizer, on
-one device and across replicas with any aggregation but ``SUM`` (which adds
-the replicas' writes: keep the default aggregation under ``tf.distribute``).
+included), and then Keras applies the variable's constraint (a
+`keras.constraints.Constraint <https://keras.io/api/layers/constraints/>`__),
+which writes the frozen values back. Keras 3 applies constraints after the
+whole update, so the frozen entries end every step with their exact bits, under
+any optimizer, on one device and across replicas with any aggregation but
+``SUM`` (which adds the replicas' writes: keep the default aggregation under
+`tf.distribute <https://www.tensorflow.org/api_docs/python/tf/distribute>`__).
 
 What it does not save: the gradient, the update and the optimizer state (Adam's
 two moments, for one) are still computed and stored for every entry of the
@@ -56,22 +58,23 @@ class FreezeEntries(keras.constraints.Constraint, _compat.KerasSaveable):
             with a scalar ``values``, or (when applied) a variable of another
             shape.
 
-    >>> w = keras.Variable([[1.0, 2.0], [3.0, 4.0]])
-    >>> freeze = FreezeEntries(w.numpy(), [[True, False], [False, True]])
-    >>> _ = w.assign(w - 0.5)  # an optimizer step moves every entry
-    >>> _ = w.assign(freeze(w))  # what Keras does after each update
-    >>> keras.ops.convert_to_numpy(w)
-    array([[0.5, 2. ],
-           [3. , 3.5]], dtype=float32)
+    Set it on a built layer's kernel (what the optimizer applies) and as the
+    layer's ``kernel_constraint`` (what its config saves), then train as usual,
+    with `fit <https://keras.io/api/models/model_training_apis/#fit-method>`__
+    or a custom loop:
 
-    On a built layer, set it on the kernel (what the optimizer applies) and on
-    the layer (what its config saves):
-
-    >>> layer = keras.layers.Dense(2)
-    >>> layer.build((None, 2))
-    >>> mask = [[True, False], [False, True]]
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, name="d")])
+    >>> layer, mask = model.get_layer("d"), [[True, False], [False, True]]
     >>> layer.kernel.constraint = FreezeEntries.from_variable(layer.kernel, mask)
     >>> layer.kernel_constraint = layer.kernel.constraint
+    >>> before = keras.ops.convert_to_numpy(layer.kernel)
+    >>> model.compile(optimizer="adam", loss="mse")
+    >>> rng = np.random.default_rng(0)
+    >>> _ = model.fit(rng.normal(size=(8, 2)), rng.normal(size=(8, 2)), verbose=0)
+    >>> from refimpl.testing import assert_frozen
+    >>> assert_frozen(before, layer.kernel, mask)  # the off-diagonal kept its bits
+    >>> np.diagonal(keras.ops.convert_to_numpy(layer.kernel)) != np.diagonal(before)
+    array([ True,  True])
     """
 
     def __init__(self, values, mask):
@@ -94,6 +97,9 @@ class FreezeEntries(keras.constraints.Constraint, _compat.KerasSaveable):
     def from_variable(cls, variable, mask) -> FreezeEntries:
         """Freeze the entries outside ``mask`` at the variable's current values.
 
+        Returns:
+            A ``FreezeEntries`` for ``variable``'s shape.
+
         >>> w = keras.Variable([1.0, 2.0])
         >>> FreezeEntries.from_variable(w, [True, False]).values.tolist()
         [1.0, 2.0]
@@ -108,7 +114,7 @@ class FreezeEntries(keras.constraints.Constraint, _compat.KerasSaveable):
 
     @property
     def values(self) -> np.ndarray:
-        """The frozen values as a NumPy array: 0-d for a scalar, else full size."""
+        """The frozen values, a NumPy array (0-d for a scalar, else full size)."""
         self._check_loaded()
         return self._values.copy()
 
@@ -130,7 +136,11 @@ class FreezeEntries(keras.constraints.Constraint, _compat.KerasSaveable):
 
     @classmethod
     def from_config(cls, config):
-        """A constraint of ``config["shape"]`` whose arrays come with the weights."""
+        """A constraint of ``config["shape"]`` whose arrays come with the weights.
+
+        Returns:
+            A ``FreezeEntries`` that is usable once the layer's weights load.
+        """
         shape = normalize_shape(tuple(config["shape"]), name="shape")
         shell = cls.__new__(cls)
         shell._mask = np.zeros(shape, bool)

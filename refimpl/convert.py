@@ -29,79 +29,71 @@ def partialize(
 ):
     """Return a model whose chosen weights are trainable only at some entries.
 
-    Every chosen layer gets a partially trainable weight (see
-    :mod:`refimpl.layers.partial`): ``Dense``, ``EinsumDense`` (the attention
-    projections), the convolutions with their transpose, depthwise and
-    separable forms, the RNN cells of ``SimpleRNN``, ``LSTM`` and ``GRU``,
-    ``Embedding``, ``ReversibleEmbedding`` and keras-hub's embeddings
+    Each chosen layer gets a partially trainable weight
+    (:mod:`refimpl.layers.partial`): a ``Dense``, ``EinsumDense`` (attention
+    projections), convolution (transposed, depthwise and separable too),
+    ``SimpleRNN``, ``LSTM`` or ``GRU`` cell, ``Embedding`` or keras-hub embedding
     (:func:`refimpl.layers.classes.supported_classes`). **Everything else is
-    frozen**, as PEFT and keras-hub's ``enable_lora`` do: every other layer,
-    and the chosen layers' biases (:mod:`refimpl.trainability`); ``train``
-    keeps named layers trainable. The weights and structure are left exactly as
-    they were: before any training the new model's outputs equal the
-    original's bit for bit. An elementwise kernel regularizer (L1, L2) now
-    penalizes the free entries alone: their gradients are the same, and the
-    loss that ``fit`` reports drops by the frozen entries' share of the
-    penalty.
+    frozen**, as PEFT and keras-hub's ``enable_lora`` do: every other layer and
+    the chosen layers' biases (:mod:`refimpl.trainability`), unless ``train``
+    names them. Weights and structure are unchanged: before training, the
+    outputs equal the original's bit for bit. An elementwise kernel regularizer
+    (L1, L2) now penalizes the free entries alone (the same gradients; the loss
+    ``fit`` reports drops by the frozen entries' share of the penalty).
+
+    A key (of ``layer_masks`` or ``train``) matches a layer by its name, its
+    weight's path, or the end of the path (``"query/kernel"``, ``"query"``), at
+    any depth (inside attention layers and transformer blocks too); a key of
+    ``layer_masks`` converts every layer it matches (:func:`partial_layers`
+    lists them). A key naming an RNN layer or a ``Bidirectional`` wrapper
+    converts its cells' kernels; a weight path picks a layer's other weight
+    (``"lstm/recurrent_kernel"``, ``"sep/pointwise_kernel"``).
+
+    On many devices, convert and compile inside the distribution's scope.
+    Under `keras.distribution <https://keras.io/api/distribution/>`__
+    (``DataParallel``, ``ModelParallel``), a ``LayoutMap`` written for the
+    plain model lays out each base weight as before (the composed weight takes
+    its base's layout, so the outputs keep their bits); ``partial_free`` and
+    ``partial_positions`` are replicated unless a key names them
+    (``".*/partial_free": ("model",)``: 1-D, dividing their count). Under
+    `tf.distribute <https://www.tensorflow.org/api_docs/python/tf/distribute>`__
+    the converted model trains with ``fit`` exactly.
 
     Args:
-        model: a built Keras model: ``Sequential``, functional, or a subclass
-            of the functional model that rebuilds from its config (every
-            keras-hub backbone and task model), copied; or any model with
-            ``in_place=True`` (subclassed models included).
-        layer_masks: a dict from a layer name, or the path of its weight
-            (``"dense/kernel"``), to the trainable entries of that layer's
-            kernel (embeddings for ``Embedding``): a boolean mask or index
-            list, or a policy, a callable that takes the weight's current
-            values (a NumPy array) and returns the mask, such as
+        model: a built Keras model, copied: ``Sequential``, functional, or a
+            subclass of the functional model that rebuilds from its config
+            (every keras-hub model); with ``in_place=True``, any model.
+        layer_masks: a dict from a key (a layer name, or a weight path such as
+            ``"dense/kernel"``) to the trainable entries of that layer's
+            kernel (embeddings for ``Embedding``): a boolean mask, an index
+            list, or a policy, a callable that takes the weight's values (a
+            NumPy array) and returns the mask, such as
             ``lambda w: refimpl.selection.magnitude_mask(w, fraction=0.01)``.
+        train: layers that stay as they were, like PEFT's ``modules_to_save``:
+            a list of keys (``["head", "layer_norm"]``; a converted layer named
+            here trains its bias too), or ``"all"`` (nothing else frozen). A
+            frozen ``BatchNormalization`` runs in inference mode, as in Keras'
+            fine-tuning guide.
         in_place: convert ``model``'s own layers (as Keras' ``enable_lora``
-            does) instead of a copy. A model compiled before is marked as not
-            compiled: its optimizer and traced step were built for the old
-            variables, and ``fit`` asks for a new ``compile``.
+            does) instead of a copy's.
         mode: the form of every partial weight (see
             :func:`refimpl.enable_partial <refimpl.layers.enable.enable_partial>`).
-        train: layers that stay as they were (trainable, if they were), like
-            PEFT's ``modules_to_save``: a list of keys matched as the keys of
-            ``layer_masks`` are (``["head", "layer_norm"]``; a converted layer
-            named here also trains its bias). ``"all"`` freezes nothing: every
-            weight not made partial keeps its ``trainable`` status. A frozen
-            ``BatchNormalization`` runs in inference mode, as in Keras'
-            fine-tuning guide.
         summary: print :func:`refimpl.trainability.trainable_summary` of the
             result: what trains, weight by weight, and the totals.
 
-    A key matches a layer by its name or its weight's path, or by the end of
-    the path (``"query/kernel"``, ``"query"``), at any depth, inside attention
-    layers and transformer blocks too. A key that matches several layers
-    converts every one, as keras-hub's ``enable_lora(target_layer_names=...)``
-    does; :func:`partial_layers` lists what was converted. A key naming an RNN
-    layer or a ``Bidirectional`` wrapper converts its cells' kernels; a weight
-    path picks the other weight of a layer with two
-    (``"lstm/recurrent_kernel"``, ``"sep/pointwise_kernel"``).
-
-    On many devices, convert (and compile) inside the scope of the
-    distribution, as Keras builds any model. Under ``keras.distribution``
-    (``DataParallel``, ``ModelParallel``) each base weight keeps its path,
-    so a ``LayoutMap`` written for the plain model lays it out as before; the
-    composed weight takes its base's layout, so the outputs keep their bits;
-    ``partial_free`` and ``partial_positions`` are replicated unless a
-    ``LayoutMap`` key names them (``".*/partial_free": ("model",)``), which
-    must be 1-D and divide their count. Under ``tf.distribute`` strategies
-    the converted model trains with ``fit`` exactly.
-
     Returns:
-        The converted model (``model`` itself with ``in_place=True``). Compile
-        it before training.
+        The converted ``keras.Model`` (``model`` itself with ``in_place=True``),
+        not compiled (its old optimizer knew the old variables): compile it
+        before training.
 
     Raises:
         TypeError: for a model that is not a Keras model, a subclassed model
             without ``in_place=True``, ``layer_masks`` that is not a dict, or a
             chosen layer of a type this cannot convert (the message names the
             layer and its type).
-        ValueError: for a model that is not built, or a key that names no
-            layer or weight of the model, or a mask that does not fit, or a
-            ``LayoutMap`` entry named for a partial weight that does not fit it.
+        ValueError: for a model that is not built, a key that names no layer
+            or weight, a mask that does not fit, or a ``LayoutMap`` entry for a
+            partial weight that does not fit it.
 
     >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")])
     >>> converted = partialize(model, {"d": [[0, 0], [2, 1]]})
@@ -167,9 +159,12 @@ def _uncompile(model) -> None:
 def partial_layers(model) -> list[dict]:
     """What is partially trainable in ``model``: one record per partial layer.
 
-    Each record has the layer's ``path``, its ``class``, the ``weight`` that
-    is partial (``"kernel"``, ``"recurrent_kernel"``), ``num_free`` and
-    ``size`` (entries of its partial weight).
+    Returns:
+        A list with one dict per partial layer, in the model's layer order,
+        with ``"path"`` (str, the layer's path), ``"class"`` (str, its class
+        name), ``"weight"`` (str, the partial weight: ``"kernel"``,
+        ``"recurrent_kernel"``), ``"num_free"`` and ``"size"`` (int, the free
+        and all entries of that weight).
 
     >>> layers = [keras.Input((3,)), keras.layers.Dense(2, name="d")]
     >>> model = partialize(keras.Sequential(layers, name="net"), {"d": [[0, 0]]})
@@ -239,7 +234,8 @@ def merge(model, *, in_place: bool = False):
             subclassed model converted in place).
 
     Returns:
-        The merged model (``model`` itself with ``in_place=True``).
+        The merged ``keras.Model`` (``model`` itself with ``in_place=True``),
+        not compiled.
 
     Raises:
         TypeError: for an object that is not a Keras model, or a subclassed

@@ -169,6 +169,9 @@ def load_partial_weights(model, path) -> None:
     model's merged weights) or converted with the same numbers of free
     entries (the positions and free values are set, and training can go on).
 
+    Returns:
+        ``None``; ``model``'s weights change in place.
+
     Raises:
         TypeError: for a ``model`` that is not a built Keras model.
         ValueError: for a file that is not one of these, a weight it names that

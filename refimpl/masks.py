@@ -47,6 +47,9 @@ def as_array(
     dtype: ``"any"``, ``"numeric"`` (numbers, bfloat16 included) or
     ``"floating"``. The error names ``name`` and says ``what`` was expected.
 
+    Returns:
+        A NumPy ``ndarray`` of ``value``'s values.
+
     >>> as_array([1.0, 2.0], "x", kind="floating")
     array([1., 2.])
     """
@@ -213,7 +216,9 @@ def to_mask(
 def mask_to_indices(mask) -> np.ndarray:
     """Return the ``[k, rank]`` int64 index list of the ``True`` entries.
 
-    The rows are in row-major (C) order, the order ``tf.boolean_mask`` uses.
+    Returns:
+        An int64 NumPy array of shape ``[k, rank]``, its rows in row-major (C)
+        order, the order ``tf.boolean_mask`` uses.
 
     >>> mask_to_indices([[True, False], [False, True]])
     array([[0, 0],

@@ -38,14 +38,12 @@ __all__ = [
 ]
 
 #: Density (fraction of free entries) from which ``"select"`` is chosen.
-#: Measured for one training step (forward, gradient, Adam update) with a batch
-#: of 64 on a 2-core CPU, at n = 4096, without XLA: the delta step grows with
-#: the number of free values, and becomes slower than the select step between
-#: 10% and 15% free (the delta was ahead at 10% and the select at 15% in the
-#: committed runs). Under XLA the delta stayed ahead at every density measured,
-#: but the switch is the same: see :func:`choose_mode`.
-#: The benchmark's ``partial_delta`` and ``partial_select`` rows (``cpu.csv``,
-#: ``cpu_crossover.csv``) are the committed evidence.
+#: Measured without XLA for one training step (forward, gradient, Adam update),
+#: batch 64, n = 4096, on a 2-core CPU: the delta step grows with the number of
+#: free values, and was behind the select step at 15% free but not at 10% (the
+#: benchmark's ``partial_delta`` and ``partial_select`` rows, ``cpu.csv`` and
+#: ``cpu_crossover.csv``). Under XLA the delta stayed ahead at every density
+#: measured, but the switch is the same: see :func:`choose_mode`.
 SELECT_ABOVE_DENSITY = 0.125
 
 #: Density below which the sparse product is chosen for a matrix, without
@@ -201,8 +199,11 @@ def sparse_matmul(x, base, positions, free):
     ``x @ S`` is a gather of the ``k`` needed rows of ``xᵀ``, a product by
     the differences ``free - base[positions]`` and a scatter-add into the
     output columns: O(batch·k), with no n² temporary, and autodiff gives the
-    sampled gradient of the free values. The result has the shape of
-    ``x @ W`` for any rank of ``x``, a 1-D ``x`` included.
+    sampled gradient of the free values.
+
+    Returns:
+        A tensor of the shape of ``x @ W`` (for any rank of ``x``, a 1-D ``x``
+        included), in ``x``'s dtype.
 
     >>> base = np.array([[1.0, 2.0], [3.0, 4.0]], "float32")
     >>> x = np.array([[1.0, 1.0]], "float32")
@@ -242,15 +243,24 @@ def xla_enabled() -> bool:
     """Whether the code being traced is compiled by XLA.
 
     Always under JAX, never under PyTorch; under TensorFlow, inside a function
-    with ``jit_compile=True``.
+    with ``jit_compile=True``. Keras traces a layer's ``call`` inside the
+    compiled step, so a layer of your own can pick its product there:
 
-    Call it while a function is traced, to pick the form that is faster there:
+    >>> class Product(keras.layers.Layer):  # x @ W: W[0, 0], W[2, 1] trainable
+    ...     def build(self, input_shape):
+    ...         self.free = self.add_weight(shape=(2,), initializer="ones")
+    ...
+    ...     def call(self, x):
+    ...         base, at = np.zeros((3, 2), "float32"), keras.ops.array([0, 5])
+    ...         if xla_enabled():  # XLA: compose the kernel, one matmul
+    ...             return x @ compose(base, at, self.free)
+    ...         return sparse_matmul(x, base, at, self.free)
+    >>> model = keras.Sequential([keras.Input((3,)), Product()])
+    >>> model.predict(np.array([[1.0, 2.0, 3.0]]), verbose=0)
+    array([[1., 3.]], dtype=float32)
 
-    >>> def product_form():
-    ...     return "delta" if xla_enabled() else "sparse"
-    >>> from refimpl import backend
-    >>> product_form() == ("delta" if backend.name == "jax" else "sparse")  # eager
-    True
+    Returns:
+        A Python ``bool``.
     """
     if backend.name == "jax":
         return True
@@ -267,15 +277,18 @@ def choose_mode(mask, *, jit_compile: bool = False) -> str:
     By the fraction of free entries (the density): ``"sparse"`` below
     :data:`SPARSE_BELOW_DENSITY` (:data:`SPARSE_BELOW_DENSITY_XLA` with
     ``jit_compile=True``) for a matrix; ``"select"`` from
-    :data:`SELECT_ABOVE_DENSITY` on; ``"delta"`` in between. The select switch
-    was measured without XLA: under XLA the delta measured faster than the
-    select at every density, so with ``jit_compile=True`` and that many free
-    entries, build with ``mode="delta"`` (the book's benchmark chapter).
+    :data:`SELECT_ABOVE_DENSITY` on; ``"delta"`` in between. Under XLA the
+    delta measured faster than the select at every density, so with
+    ``jit_compile=True`` and that many free entries, build with
+    ``mode="delta"`` (the book's benchmark chapter).
 
     Args:
         mask: a boolean or 0.0/1.0 mask (``True`` = free); not an index list,
             whose density depends on a shape it does not give.
         jit_compile: whether the step is compiled by XLA.
+
+    Returns:
+        The form, a ``str`` (``"sparse"``, ``"delta"`` or ``"select"``).
 
     >>> choose_mode(np.eye(10, dtype=bool))  # 10% free
     'delta'

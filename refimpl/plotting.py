@@ -30,20 +30,27 @@ def plot_mask(mask, *, ax=None, title: str | None = None, values=None, moved=Non
         moved: optional boolean array, ``True`` where an entry changed.
 
     Returns:
-        The matplotlib axes.
+        The ``matplotlib.axes.Axes`` drawn into.
 
-    Draw a mask, and after training mark the frozen entries that moved (here,
-    one made up for the picture):
+    After training a converted model, draw its kernel's mask and the frozen
+    entries that moved (none here: a partial layer keeps them exact):
 
+    >>> import keras
+    >>> from refimpl import partialize
     >>> from refimpl.selection import band_mask
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4, name="d")])
+    >>> before = keras.ops.convert_to_numpy(model.get_layer("d").kernel)
     >>> mask = band_mask((4, 4), 1, 0)
-    >>> moved = np.zeros((4, 4), bool)
-    >>> moved[0, 3] = True
-    >>> ax = plot_mask(mask, title="lower band", moved=moved)
-    >>> ax.get_title()
-    'lower band'
+    >>> tuned = partialize(model, {"d": mask})
+    >>> tuned.compile(optimizer="adam", loss="mse")
+    >>> rng = np.random.default_rng(0)
+    >>> _ = tuned.fit(rng.normal(size=(8, 4)), rng.normal(size=(8, 4)), verbose=0)
+    >>> moved = keras.ops.convert_to_numpy(tuned.get_layer("d").kernel) != before
+    >>> ax = plot_mask(mask, title="d/kernel", moved=moved)
+    >>> int((moved & ~mask).sum())  # red cells: frozen entries that moved
+    0
     >>> import matplotlib.pyplot as plt
-    >>> plt.close(ax.figure)
+    >>> plt.close(ax.figure)  # after ax.figure.savefig(...), say
     """
     shape = np.shape(values) if values is not None else np.shape(mask)
     grid = to_mask(mask, shape)

@@ -48,6 +48,9 @@ __all__ = [
 def random_mask(shape, *, k=None, fraction=None, seed: int = 0) -> np.ndarray:
     """``k`` (or ``fraction`` of the) entries chosen uniformly at random.
 
+    Returns:
+        A boolean NumPy array of ``shape``.
+
     >>> random_mask((2, 3), k=2, seed=0).astype(int)  # the same for the same seed
     array([[0, 0, 0],
            [1, 1, 0]])
@@ -66,6 +69,9 @@ def random_mask(shape, *, k=None, fraction=None, seed: int = 0) -> np.ndarray:
 def top_k_mask(scores, *, k=None, fraction=None) -> np.ndarray:
     """The ``k`` entries of ``scores`` with the largest values (ties: lower index).
 
+    Returns:
+        A boolean NumPy array of ``scores``'s shape.
+
     >>> top_k_mask([[0.1, 3.0], [2.0, 2.0]], k=2).astype(int)
     array([[0, 1],
            [1, 0]])
@@ -82,6 +88,9 @@ def top_k_mask(scores, *, k=None, fraction=None) -> np.ndarray:
 
 def magnitude_mask(weight, *, k=None, fraction=None) -> np.ndarray:
     """The ``k`` entries of ``weight`` with the largest absolute values.
+
+    Returns:
+        A boolean NumPy array of ``weight``'s shape.
 
     >>> magnitude_mask([[0.5, -3.0], [1.0, 0.0]], k=2).astype(int)
     array([[0, 1],
@@ -153,6 +162,9 @@ def fisher_scores(model, x, y, *, loss, batch_size: int = 32, batches: int = 4):
 def fisher_mask(scores, *, k=None, fraction=None) -> np.ndarray:
     """The ``k`` entries with the largest Fisher score (see :func:`fisher_scores`).
 
+    Returns:
+        A boolean NumPy array of ``scores``'s shape.
+
     >>> fisher_mask([[4.0, 0.5], [0.1, 9.0]], k=2).astype(int)
     array([[1, 0],
            [0, 1]])
@@ -162,6 +174,9 @@ def fisher_mask(scores, *, k=None, fraction=None) -> np.ndarray:
 
 def rows_mask(shape, rows) -> np.ndarray:
     """Whole rows (first axis) trainable: a new token's row of an embedding.
+
+    Returns:
+        A boolean NumPy array of ``shape``.
 
     >>> rows_mask((3, 2), [2]).astype(int)
     array([[0, 0],
@@ -177,6 +192,9 @@ def rows_mask(shape, rows) -> np.ndarray:
 def columns_mask(shape, columns) -> np.ndarray:
     """Whole columns (last axis) trainable: some output units of a kernel.
 
+    Returns:
+        A boolean NumPy array of ``shape``.
+
     >>> columns_mask((2, 3), [0]).astype(int)
     array([[1, 0, 0],
            [1, 0, 0]])
@@ -190,6 +208,9 @@ def columns_mask(shape, columns) -> np.ndarray:
 def diagonal_mask(shape) -> np.ndarray:
     """The main diagonal of a matrix.
 
+    Returns:
+        A boolean NumPy array of ``shape``.
+
     >>> diagonal_mask((2, 3)).astype(int)
     array([[1, 0, 0],
            [0, 1, 0]])
@@ -199,6 +220,9 @@ def diagonal_mask(shape) -> np.ndarray:
 
 def band_mask(shape, lower: int, upper: int) -> np.ndarray:
     """The band of ``lower`` sub- and ``upper`` super-diagonals of a matrix.
+
+    Returns:
+        A boolean NumPy array of ``shape``.
 
     >>> band_mask((3, 3), 1, 0).astype(int)
     array([[1, 0, 0],
@@ -229,6 +253,9 @@ def block_mask(shape, row_sizes, col_sizes, blocks) -> np.ndarray:
         row_sizes: the block heights (summing to the number of rows).
         col_sizes: the block widths (summing to the number of columns).
         blocks: the ``(i, j)`` block coordinates to train.
+
+    Returns:
+        A boolean NumPy array of ``shape``.
 
     >>> block_mask((3, 3), [1, 2], [2, 1], [(1, 0)]).astype(int)
     array([[0, 0, 0],

@@ -66,6 +66,9 @@ def assert_frozen(before, after, mask) -> None:
             :func:`refimpl.masks.to_mask` accepts. Every other entry is frozen
             and must be bit-for-bit identical in ``after``.
 
+    Returns:
+        ``None`` when no frozen entry moved.
+
     Raises:
         AssertionError: naming how many frozen entries moved, and the first few
             with their values before and after.
@@ -106,6 +109,9 @@ def count_free_parameters(model_or_variables) -> int:
     trainable weights, so this is its true number of free parameters (a
     partial weight in the select form counts its full size).
 
+    Returns:
+        The count, an ``int``.
+
     >>> import keras
     >>> layer = keras.layers.Dense(3)
     >>> layer.build((None, 4))
@@ -138,11 +144,14 @@ def count_optimizer_state(optimizer) -> int:
 
     The total size of its per-weight slots (Adam's moments, momentum, EMA
     copies, masks of a
-    :class:`refimpl.MaskedOptimizer <refimpl.optimizers.MaskedOptimizer>`, the slots of
-    every
-    group of a ``MultiOptimizer``); scalar bookkeeping such as the step count
-    and the learning rate is left out. Build the optimizer first (one step,
-    or ``optimizer.build(variables)``).
+    :class:`refimpl.MaskedOptimizer <refimpl.optimizers.MaskedOptimizer>`, the
+    slots of every group of a
+    `MultiOptimizer <https://keras.io/api/optimizers/multi_optimizer/>`__);
+    scalar bookkeeping such as the step count and the learning rate is left
+    out. Build the optimizer first (one step, or ``optimizer.build(variables)``).
+
+    Returns:
+        The count, an ``int``.
 
     >>> import keras
     >>> w = keras.Variable([[1.0, 2.0], [3.0, 4.0]])

@@ -79,11 +79,14 @@ def fully_trainable(model) -> list:
 def trainable_summary(model, *, print_fn=None) -> list[dict]:
     """What trains in ``model``: one row per weight that has a trainable entry.
 
-    Each row has the weight's ``path``, ``trainable`` (its trainable entries),
-    ``size`` (all its entries) and ``kind``: ``"partial"`` for a partial
-    weight (its free values over its base) and ``"full"`` for a weight that
-    trains whole. With ``print_fn`` (``print``, say), it also prints them as a
-    table with the totals.
+    With ``print_fn`` (``print``, say), it also prints the rows as a table
+    with the totals.
+
+    Returns:
+        A list of dicts, one per weight, with ``"path"`` (str), ``"kind"``
+        (str, ``"partial"`` for a partial weight, its free values over its
+        base, or ``"full"`` for a weight that trains whole), ``"trainable"``
+        (int, its trainable entries) and ``"size"`` (int, all its entries).
 
     >>> import keras
     >>> import refimpl

@@ -8,10 +8,8 @@ the frozen entries keep their exact bits under any optimizer, weight decay
 included, and the optimizer state is one value per free entry and slot (in the
 default form; the opt-in ``"select"`` form keeps full-size state). This
 is the frozen-base-plus-delta idea of Keras' ``enable_lora``, with the delta
-restricted to a mask. It is a Keras layer that holds weights, so Keras tracks,
-trains and saves it inside any layer. The partial layers of
-:mod:`refimpl.layers` hold the same three weights on a Keras layer's own
-kernel.
+restricted to a mask. The partial layers of :mod:`refimpl.layers` hold the
+same three weights on a Keras layer's own kernel.
 """
 
 from __future__ import annotations
@@ -46,19 +44,16 @@ __all__ = ["PartialVariable"]
 class PartialVariable(keras.layers.Layer):
     """A dense tensor of which only the entries in ``mask`` are trainable.
 
-    The free values live in ``.free``, the only trainable weight; the fixed
-    ones in ``.base``, a non-trainable weight; the free positions in
-    ``.positions``, a non-trainable integer weight. Read the tensor with
-    :meth:`value` in the forward pass.
-
-    It is a Keras layer that holds weights and is never called on inputs, so
-    it works wherever Keras tracks layers. Create it in your layer's
-    ``build`` and keep it as an attribute; Keras then trains ``.free`` in
-    ``fit``, counts it in ``summary()`` and
-    :func:`refimpl.testing.count_free_parameters`, and saves all three weights in
-    ``.keras`` and ``.weights.h5`` files. In a custom loop, pass
-    ``pv.trainable_variables`` to the optimizer; ``tf.train.Checkpoint``
-    saves it too.
+    It is a Keras layer that holds weights (:attr:`free`, :attr:`base`,
+    :attr:`positions`) and is never called on inputs: read the tensor with
+    :meth:`value` in the forward pass. Create it in your layer's ``build`` and
+    keep it as an attribute; Keras then trains ``.free`` in ``fit``, counts it
+    in ``summary()`` and :func:`refimpl.testing.count_free_parameters`, and
+    saves all three weights in ``.keras`` and ``.weights.h5`` files. In a
+    custom loop, pass ``pv.trainable_variables`` to the optimizer;
+    `tf.train.Checkpoint
+    <https://www.tensorflow.org/api_docs/python/tf/train/Checkpoint>`__ saves
+    it too.
 
     Modes (the frozen entries exact in every one; the default is the one to use
     unless measured):
@@ -77,14 +72,11 @@ class PartialVariable(keras.layers.Layer):
       (:func:`refimpl.ops.sparse_matmul`): no composed matrix, and the
       free values' gradient is a sampled product, O(batch·k). Fastest when very
       few entries are free (:data:`~refimpl.ops.SPARSE_BELOW_DENSITY`).
-      :meth:`value` composes
-      the matrix as ``"delta"`` does.
-    * ``"auto"``: :func:`refimpl.ops.choose_mode` picks one of the three. When
-      it picks ``"sparse"`` or ``"delta"`` (the same weights), :meth:`matmul`
-      chooses again between the two when it is traced, by whether XLA
-      compiles it (:data:`~refimpl.ops.SPARSE_BELOW_DENSITY_XLA`); ``auto`` is then
-      ``True``. Its select switch was measured without XLA: with XLA and many
-      free entries, ask for ``"delta"``.
+      :meth:`value` composes the matrix as ``"delta"`` does.
+    * ``"auto"``: :func:`refimpl.ops.choose_mode` picks one of the three; a
+      ``"sparse"`` or ``"delta"`` pick (the same weights) sets :attr:`auto`
+      (:data:`~refimpl.ops.SPARSE_BELOW_DENSITY_XLA`). Its select switch was
+      measured without XLA: with XLA and many free entries, ask for ``"delta"``.
 
     Args:
         initial_value: the dense starting tensor (floating point). Its
@@ -94,7 +86,7 @@ class PartialVariable(keras.layers.Layer):
         mode: ``"delta"``, ``"select"``, ``"sparse"`` or ``"auto"``.
         auto: only with a resolved ``"sparse"`` or ``"delta"`` mode: choose
             between the two at trace time, as ``mode="auto"`` does (what
-            ``from_config`` passes back).
+            ``from_config`` passes back; see :attr:`auto`).
         shape: with ``num_free``, and no ``initial_value`` or ``mask``: an
             empty :term:`shell` whose values and positions are loaded with the
             weights of a saved model (what ``from_config`` builds).
@@ -107,18 +99,16 @@ class PartialVariable(keras.layers.Layer):
         base: the frozen full tensor (non-trainable); its entries at
             ``positions`` are not used.
         positions: the free entries' flat row-major positions (non-trainable).
+        mode: the form in use, ``"delta"``, ``"select"`` or ``"sparse"``
+            (``mode="auto"`` resolved when built).
+        auto: whether :meth:`matmul` chooses again between ``"sparse"`` and
+            ``"delta"`` when traced, by whether XLA compiles it
+            (:meth:`product_mode`); ``True`` only when built with
+            ``mode="auto"``.
 
     Raises:
         TypeError: for a non-floating ``initial_value`` or a bad mask type.
         ValueError: for an unknown mode or a mask that does not fit.
-
-    >>> v = PartialVariable(np.zeros((2, 2), "float32"), np.eye(2, dtype=bool))
-    >>> [tuple(w.shape) for w in v.trainable_variables]
-    [(2,)]
-    >>> _ = v.free.assign([1.0, 2.0])
-    >>> keras.ops.convert_to_numpy(v.value())
-    array([[1., 0.],
-           [0., 2.]], dtype=float32)
 
     In a layer of your own, create it in ``build``, keep it as an attribute, and
     multiply with :meth:`matmul`; the layer then trains the free values alone:
@@ -208,6 +198,9 @@ class PartialVariable(keras.layers.Layer):
             mask: the trainable positions.
             **kwargs: ``mode``, ``name`` and ``dtype``, as for the constructor.
 
+        Returns:
+            A new ``PartialVariable`` of ``w``'s shape.
+
         >>> w = np.array([[1.0, 2.0], [3.0, 4.0]], "float32")
         >>> v = PartialVariable.from_dense(w, [[1, 0]])
         >>> keras.ops.convert_to_numpy(v.free)
@@ -243,8 +236,10 @@ class PartialVariable(keras.layers.Layer):
     def value(self):
         """Return the dense tensor: free values at their positions, base elsewhere.
 
-        Inside a layer's ``call`` the weights are read in the layer's compute
-        dtype (mixed precision); elsewhere in their own dtype.
+        Returns:
+            A backend tensor of :attr:`shape`; inside a layer's ``call`` in
+            the layer's compute dtype (mixed precision), elsewhere in the
+            weights' dtype.
         """
         self._check_loaded()
         base, free = self.base.value, self.free.value  # autocast in a call
@@ -263,6 +258,9 @@ class PartialVariable(keras.layers.Layer):
         float32 array, or ``dtype=``); under a mixed-precision policy, inside a
         layer's ``call``, they are read in the layer's compute dtype, and ``x``
         is cast to it.
+
+        Returns:
+            A backend tensor of shape ``(*x.shape[:-1], shape[1])``.
 
         Raises:
             ValueError: if the tensor is not a matrix, or ``x``'s last axis
@@ -290,8 +288,9 @@ class PartialVariable(keras.layers.Layer):
     def product_mode(self) -> str:
         """The form :meth:`matmul` uses here: ``"sparse"``, ``"delta"`` or ``"select"``.
 
-        ``mode``, except with ``auto``, where it also depends on
-        whether XLA compiles the code being traced.
+        Returns:
+            A ``str``, :attr:`mode`; with :attr:`auto`, it also depends on
+            whether XLA compiles the code being traced.
         """
         if not self.auto or not xla_enabled():
             return self.mode

@@ -61,11 +61,23 @@ is_symbolic = _impl.is_symbolic
 def require_tensorflow(what: str) -> None:
     """Raise a clear ``ImportError`` unless Keras runs on TensorFlow.
 
-    The TensorFlow-level teaching code (``tf`` tensors, ``tf.distribute``,
-    the SciPy minimizer on ``tf.Variable`` s) calls this first.
+    Call it first in code that needs TensorFlow tensors, as :mod:`refimpl.tf`
+    does at import (``tf.Variable`` objects, `tf.distribute
+    <https://www.tensorflow.org/api_docs/python/tf/distribute>`__, the SciPy
+    minimizer).
 
-    Call it first in a function that needs TensorFlow tensors, as
-    :mod:`refimpl.tf` does at import:
+    Args:
+        what: the name of what needs TensorFlow, as the user knows it (a
+            function, ``"to_tf_variable"``, or a module, ``"refimpl.tf"``).
+            The message starts with it: ``"to_tf_variable works on TensorFlow
+            tensors and needs the TensorFlow backend of Keras"``, then names
+            the backend in use and says to set ``KERAS_BACKEND=tensorflow``.
+
+    Returns:
+        ``None``, on the TensorFlow backend.
+
+    Raises:
+        ImportError: on any other backend (JAX, PyTorch).
 
     >>> def to_tf_variable(value):
     ...     require_tensorflow("to_tf_variable")
@@ -73,9 +85,11 @@ def require_tensorflow(what: str) -> None:
     ...
     ...     return tf.Variable(value)
     >>> try:
-    ...     v = to_tf_variable(1.0)
-    ... except ImportError as err:  # on JAX or PyTorch: it says what to set
-    ...     assert "KERAS_BACKEND=tensorflow" in str(err)
+    ...     v = to_tf_variable([1.0, 2.0])
+    ... except ImportError:  # JAX or PyTorch: "to_tf_variable works on ..."
+    ...     v = keras.Variable([1.0, 2.0])  # the Keras-level path
+    >>> tuple(v.shape)
+    (2,)
     """
     if name != "tensorflow":
         raise ImportError(

@@ -119,6 +119,9 @@ class StructuredDense(keras.layers.Dense):
     def trainable_mask(self) -> np.ndarray:
         """Boolean mask of the kernel's shape, ``True`` where an entry is free.
 
+        Returns:
+            A NumPy ``bool`` array of shape ``[input_dim, units]``.
+
         Raises:
             AttributeError: if the layer is not built.
         """
@@ -139,6 +142,9 @@ class StructuredDense(keras.layers.Dense):
         <refimpl.convert.merge>` says); the band's and the blocks' products add
         in another order than a dense product, so their outputs agree to
         rounding.
+
+        Returns:
+            A new, built ``keras.layers.Dense``; this layer is unchanged.
 
         Raises:
             ValueError: if the layer is not built.

@@ -50,6 +50,10 @@ class BlockDense(StructuredDense):
             whose heights or widths disagree, sizes that cannot be inferred,
             or (when built) an input size other than the sum of the heights.
 
+    ``kernel``, ``trainable_mask`` and ``to_dense()`` are as for every
+    structured layer
+    (:meth:`~refimpl.layers.structured.DiagonalDense.to_dense`).
+
     >>> eye = np.eye(2)
     >>> layer = BlockDense([[None, -0.2 * eye], [0.35 * eye, "trainable"]])
     >>> layer.build((None, 4))
@@ -117,6 +121,9 @@ class BlockDense(StructuredDense):
             col_sizes: the width of each block column; they sum to the units.
             project: drop non-zero entries of ``None`` blocks instead of
                 refusing them.
+
+        Returns:
+            A built ``BlockDense``; ``dense`` is unchanged.
 
         Raises:
             TypeError: if ``dense`` is not a built ``keras.layers.Dense``.

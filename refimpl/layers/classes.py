@@ -157,6 +157,9 @@ def supported_classes() -> tuple[type, ...]:
     """The Keras layer classes that have a partial class (and keras-hub's, once
     made: its ``ReversibleEmbedding`` and ``PositionEmbedding``).
 
+    Returns:
+        A tuple of Keras layer classes.
+
     >>> keras.layers.Conv2D in supported_classes()
     True
     """
@@ -179,6 +182,9 @@ def _spec(layer_class):
 def is_supported(layer_class) -> bool:
     """Whether a layer class has (or can be given) a partial class.
 
+    Returns:
+        A Python ``bool``.
+
     >>> is_supported(keras.layers.Embedding), is_supported(keras.layers.Dropout)
     (True, False)
     """
@@ -195,6 +201,9 @@ def supported_names() -> list[str]:
 
 def partial_class(layer_class: type) -> type:
     """The partial class of a Keras layer class (``PartialDense`` for ``Dense``).
+
+    Returns:
+        The partial class (a ``type``), a subclass of ``layer_class``.
 
     Raises:
         TypeError: for a class this mechanism does not support.
@@ -230,6 +239,9 @@ def weight_names(layer) -> tuple[str, ...]:
 def target_weight(layer, weight: str | None = None):
     """The variable a partial form of ``layer`` freezes: its kernel (or
     embeddings), or the weight named ``weight`` (``"recurrent_kernel"``).
+
+    Returns:
+        The ``keras.Variable`` (the base, once ``layer`` is partial).
 
     >>> layer = keras.layers.Embedding(3, 2, name="emb")
     >>> layer.build((None,))

@@ -30,16 +30,15 @@ __all__ = ["PartialDense"]
 class PartialDense(PartialWeightMixin, keras.layers.Dense):
     """A ``keras.layers.Dense`` whose kernel is trainable only in a mask.
 
-    The partial class of ``Dense``: what
+    The partial class of
+    `Dense <https://keras.io/api/layers/core_layers/dense/>`__: what
     :func:`refimpl.partialize <refimpl.convert.partialize>` and
-    :func:`~refimpl.layers.enable.enable_partial` make of a Dense layer, and the layer
-    to build from
-    a mask. The ``Dense`` arguments work as for Dense, with two limits: a
-    ``kernel_regularizer`` must be elementwise (L1, L2 or L1L2), and a
-    ``kernel_constraint`` must act on each entry alone (``NonNeg``); others
-    raise ``ValueError``. The kernel initializer
-    draws the whole starting kernel (the frozen entries and the free values'
-    start).
+    :func:`~refimpl.layers.enable.enable_partial` make of a Dense layer, and the
+    layer to build from a mask. The ``Dense`` arguments work as for Dense, with
+    two limits: a ``kernel_regularizer`` must be elementwise (L1, L2 or L1L2),
+    and a ``kernel_constraint`` must act on each entry alone (``NonNeg``);
+    others raise ``ValueError``. The kernel initializer draws the whole
+    starting kernel (the frozen entries and the free values' start).
 
     Args:
         units: the output size, as for Dense.
@@ -73,6 +72,10 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
     makes for other layers (``PartialConv2D``, ...) hold the same two weights;
     they are made from a built layer, by ``partialize`` or
     :func:`~refimpl.layers.enable.enable_partial`, not constructed directly.
+    Besides :meth:`from_dense` and ``kernel``, every member (``trainable_mask``,
+    ``num_free``, ``partial_mode``, ``base_weight``, ``product_mode``,
+    ``freeze_rest``, ``fold``, ``to_dense``) is that of every partial layer:
+    see :class:`~refimpl.layers.partial.PartialWeightMixin`.
 
     >>> layer = PartialDense(2, [[0, 0], [2, 1]], use_bias=False)
     >>> layer.build((None, 3))
@@ -173,14 +176,20 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
 
     @classmethod
     def from_config(cls, config):
-        """A shell of the saved layer; its values come with its weights."""
+        """A shell of the saved layer; its values come with its weights.
+
+        Returns:
+            An unbuilt ``PartialDense``, usable once its weights load.
+        """
         return cls(**config)
 
     @classmethod
     def from_dense(cls, dense, trainable_mask, *, mode: str = "delta") -> PartialDense:
         """A partial copy of a built ``keras.layers.Dense``; ``dense`` is unchanged.
 
-        The copy's kernel, bias and outputs equal the Dense layer's, bit for bit.
+        Returns:
+            A built ``PartialDense`` whose kernel, bias and outputs equal the
+            Dense layer's, bit for bit.
 
         >>> dense = keras.layers.Dense(2)
         >>> dense.build((None, 3))

@@ -69,6 +69,9 @@ def enable_partial(
             ``"pointwise_kernel"``, an RNN cell's ``"kernel"`` (the default)
             or ``"recurrent_kernel"``. One weight per layer is partial.
 
+    Returns:
+        ``None``; ``layer`` changes in place.
+
     Raises:
         TypeError: for a layer of another class.
         ValueError: for a layer that is not built, is already partial, uses

@@ -37,6 +37,9 @@ _HOST_CLASSES: dict[type, type] = {}
 def is_container(layer) -> bool:
     """Whether ``layer``'s config holds its sub-layers' configs (and classes).
 
+    Returns:
+        A Python ``bool``.
+
     >>> is_container(keras.Sequential()), is_container(keras.layers.Dense(1))
     (True, False)
     """
@@ -183,6 +186,9 @@ def mark_hosts(model) -> list:
 
 def unmark_hosts(model) -> None:
     """Give every host in ``model`` (and ``model`` itself) its plain class back.
+
+    Returns:
+        ``None``; the hosts change class in place.
 
     >>> from refimpl import enable_partial
     >>> attention = keras.layers.MultiHeadAttention(2, 4, kernel_initializer="zeros")

@@ -2,12 +2,11 @@
 
 It is the pattern of Keras' own ``Dense.enable_lora`` and of
 ``torch.nn.utils.parametrize``, for each layer class that
-:func:`~refimpl.layers.classes.supported_classes` lists: ``Dense``,
-``EinsumDense``, the convolutions (transposed, depthwise and separable too),
-``Embedding``, keras-hub's ``ReversibleEmbedding``, and the ``SimpleRNN``,
-``LSTM`` and ``GRU`` cells. One weight per layer is partial, the one
-:func:`~refimpl.layers.classes.target_weight` names (the ``kernel`` or the
-``embeddings`` unless another is chosen, such as ``recurrent_kernel``):
+:func:`~refimpl.layers.classes.supported_classes` lists (``Dense``,
+``EinsumDense``, the convolutions, the embeddings, the RNN cells). One weight
+per layer is partial, the one :func:`~refimpl.layers.classes.target_weight`
+names (the ``kernel`` or ``embeddings``, or another such as
+``recurrent_kernel``):
 
 * the layer's own weight stays where it is, as the frozen **base**
   (``trainable=False``);
@@ -22,16 +21,11 @@ It is the pattern of Keras' own ``Dense.enable_lora`` and of
 
 Each partial class is a subclass of the plain one with a name of its own
 (``PartialConv2D``, registered as ``refimpl>PartialConv2D``);
-:class:`~refimpl.layers.dense.PartialDense` is the partial class of ``Dense``, and can
-also be built
-from a mask. An optimizer sees only the free values: frozen entries keep their
-bits under every optimizer, and the optimizer state is ``k`` values per slot
-(kernel-sized in the select form).
-The layer saves every variable as it is (the base, the free values, their
-positions), so a reloaded layer has the same weights bit for bit;
-:meth:`~refimpl.layers.dense.PartialDense.to_dense` and
-:func:`refimpl.merge <refimpl.convert.merge>` give the plain layer
-back.
+:class:`~refimpl.layers.dense.PartialDense` can also be built from a mask. An
+optimizer sees only the free values (``k`` values of state per slot), so
+frozen entries keep their bits under every optimizer. A reloaded layer has the
+same weights bit for bit; :meth:`~PartialWeightMixin.to_dense` and
+:func:`refimpl.merge <refimpl.convert.merge>` give the plain layer back.
 """
 
 from __future__ import annotations
@@ -65,7 +59,9 @@ def _plain_class(layer) -> type:
 
 
 class PartialWeightMixin:
-    """What a partial class adds to its Keras class (see the module docstring).
+    """What a partial class adds to its Keras class: the members below, which
+    every partial layer has (:class:`~refimpl.layers.dense.PartialDense`,
+    ``PartialConv2D``, ...).
 
     >>> from refimpl import enable_partial
     >>> layer = keras.layers.Embedding(3, 2)
@@ -201,10 +197,11 @@ class PartialWeightMixin:
     def freeze_rest(self) -> None:
         """Freeze the layer's other weights (its bias): only the free values train.
 
-        What :func:`refimpl.partialize <refimpl.convert.partialize>` does by default, as
-        PEFT and
-        keras-hub's ``enable_lora`` freeze every weight they do not adapt.
-        It is kept in the layer's config, so a reloaded layer is frozen alike.
+        What :func:`refimpl.partialize <refimpl.convert.partialize>` does by
+        default; kept in the layer's config, so a reloaded layer is frozen alike.
+
+        Returns:
+            ``None``; the layer changes in place.
         """
         for variable in self.weights:
             if variable is not getattr(self, "partial_free", None):
@@ -253,11 +250,9 @@ class PartialWeightMixin:
 
     @property
     def base_weight(self):
-        """The layer's own weight variable, now the frozen base.
-
-        ``layer.kernel`` (``embeddings``) is the composed tensor, as under
-        Keras' LoRA; this is the variable (with its ``path``).
-        """
+        """The layer's own weight variable (with its ``path``), now the frozen
+        base; ``layer.kernel`` (``embeddings``) is the composed tensor, as under
+        Keras' LoRA."""
         self._partial_require_built("base_weight")
         return self._partial_base()
 
@@ -269,17 +264,19 @@ class PartialWeightMixin:
 
     @property
     def partial_mode(self) -> str:
-        """The form, with ``"auto"`` resolved.
-
-        One of ``"delta"``, ``"sparse"``, ``"select"`` and ``"slices"``.
-        """
+        """The form, ``"auto"`` resolved: ``"delta"``, ``"sparse"``, ``"select"``
+        or ``"slices"``."""
         self._partial_require_built("partial_mode")
         return self._partial_mode
 
     def product_mode(self) -> str:
-        """The form the product uses here: :attr:`partial_mode`, except that a
-        layer built with ``mode="auto"`` chooses again between ``"sparse"``
-        and ``"delta"`` by whether XLA compiles the step being traced."""
+        """The form the product uses in the step being traced.
+
+        Returns:
+            A ``str``, :attr:`partial_mode`; for a layer built with
+            ``mode="auto"``, ``"sparse"`` or ``"delta"`` by whether XLA
+            compiles the step.
+        """
         if not self._partial_auto or not xla_enabled():
             return self._partial_mode
         shape = tuple(self._partial_base().shape)
@@ -348,8 +345,11 @@ class PartialWeightMixin:
 
         The trained weight is written into the layer's own variable, which
         trains again; ``partial_free`` and ``partial_positions`` are removed.
-        What :func:`refimpl.merge <refimpl.convert.merge>` does to every partial layer,
-        at any depth.
+        What :func:`refimpl.merge <refimpl.convert.merge>` does to every
+        partial layer, at any depth.
+
+        Returns:
+            ``None``; the layer itself now has the plain class.
         """
         self._partial_check_loaded()
         value = keras.ops.convert_to_numpy(getattr(self, self._partial_target))
@@ -378,8 +378,11 @@ class PartialWeightMixin:
 
         Its outputs equal this layer's exactly in the ``"delta"`` and
         ``"select"`` forms, and to rounding in ``"sparse"`` and ``"slices"``,
-        which compute the product in pieces (a ``Conv2D`` for a
-        ``PartialConv2D``); its weights are copies.
+        which compute the product in pieces; its weights are copies.
+
+        Returns:
+            A new, built layer of the plain Keras class (a ``Conv2D`` for a
+            ``PartialConv2D``); this layer is unchanged.
         """
         plain_class = self._partial_plain_class()
         plain = plain_class.from_config(plain_class.get_config(self))

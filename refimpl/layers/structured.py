@@ -4,18 +4,17 @@ Each layer keeps only its free values as trainable weights, so ``summary()``
 and :func:`refimpl.testing.count_free_parameters` report the true number of free
 parameters, and no optimizer (weight decay included) can move a fixed entry.
 The math is :mod:`refimpl.structured`; these classes only hold the weights.
-Like ``Dense``, each computes ``activation(x @ kernel + bias)``;
-``layer.kernel`` is the dense kernel (in the variable dtype) and
-``layer.trainable_mask`` marks its free entries, for inspection and for
-:func:`refimpl.testing.assert_frozen`.
+Like ``Dense``, each computes ``activation(x @ kernel + bias)``. Each has its
+own ``from_dense`` (copy a built ``keras.layers.Dense``) and the same
+``kernel`` (the dense kernel), ``trainable_mask`` (its free entries, for
+:func:`refimpl.testing.assert_frozen`) and ``to_dense`` (return a Dense),
+documented once, with :class:`DiagonalDense`; :func:`refimpl.merge
+<refimpl.convert.merge>` folds a whole model back into plain Keras.
 :class:`refimpl.PartialDense <refimpl.layers.dense.PartialDense>` (any mask
 over a frozen base) lives in :mod:`refimpl.layers.dense`.
 
 Fixed values (a fixed diagonal, fixed blocks) are non-trainable weights, so
-they live in the weights file and never in ``get_config``. Every layer has
-``from_dense`` (copy a built ``keras.layers.Dense``) and ``to_dense`` (return
-one), and :func:`refimpl.merge <refimpl.convert.merge>` folds a whole model back into
-plain Keras.
+they live in the weights file and never in ``get_config``.
 """
 
 from __future__ import annotations
@@ -79,6 +78,9 @@ class DiagonalDense(StructuredDense):
                 its regularizer and constraint, activity regularizer).
             project: drop non-zero entries off the diagonal instead of
                 refusing them.
+
+        Returns:
+            A built ``DiagonalDense``; ``dense`` is unchanged.
 
         Raises:
             TypeError: if ``dense`` is not a built ``keras.layers.Dense``.
@@ -230,7 +232,11 @@ class BandedDense(StructuredDense):
         """Copy a built square ``keras.layers.Dense`` whose kernel is a band.
 
         The main diagonal and the ``lower`` and ``upper`` diagonals around it
-        become trainable weights.
+        become trainable weights; ``project`` is as for
+        :meth:`DiagonalDense.from_dense`.
+
+        Returns:
+            A built ``BandedDense``; ``dense`` is unchanged.
 
         Raises:
             TypeError: if ``dense`` is not a built ``keras.layers.Dense``.

@@ -72,7 +72,9 @@ def apply_masked_gradients(
 
     One step of :class:`MaskedOptimizer`, for a custom loop with an optimizer
     you already have. Works eagerly on every backend, and on TensorFlow
-    also in ``tf.function`` and under ``tf.distribute`` (in replica context).
+    also in ``tf.function`` and under
+    `tf.distribute <https://www.tensorflow.org/api_docs/python/tf/distribute>`__
+    (in replica context).
 
     Args:
         optimizer: a Keras optimizer.
@@ -83,6 +85,9 @@ def apply_masked_gradients(
             frozen entries exact under every optimizer; under Adafactor, where
             a fully frozen row meets a fully frozen column, the free entries
             still end NaN).
+
+    Returns:
+        ``None``; the variables change in place.
 
     Raises:
         TypeError: for an optimizer that is not a Keras optimizer, pairs that
