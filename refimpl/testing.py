@@ -148,7 +148,9 @@ def count_optimizer_state(optimizer) -> int:
     slots of every group of a
     `MultiOptimizer <https://keras.io/api/optimizers/multi_optimizer/>`__);
     scalar bookkeeping such as the step count and the learning rate is left
-    out. Build the optimizer first (one step, or ``optimizer.build(variables)``).
+    out, and with it the slots of a scalar weight (a learned scalar's two Adam
+    moments are scalars too). Build the optimizer first (one step, or
+    ``optimizer.build(variables)``).
 
     Returns:
         The count, an ``int``.
