@@ -57,7 +57,7 @@ Keras layers.
 ['Dense', 'Dense']
 """
 
-__version__ = "2.4.2"
+__version__ = "2.4.3"
 
 from refimpl import (
     _compat,  # noqa: F401  (the Keras version check, first)

@@ -63,6 +63,7 @@ class FreezeEntries(keras.constraints.Constraint, _compat.KerasSaveable):
     with `fit <https://keras.io/api/models/model_training_apis/#fit-method>`__
     or a custom loop:
 
+    >>> from refimpl import FreezeEntries
     >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, name="d")])
     >>> layer, mask = model.get_layer("d"), [[True, False], [False, True]]
     >>> layer.kernel.constraint = FreezeEntries.from_variable(layer.kernel, mask)
@@ -100,6 +101,7 @@ class FreezeEntries(keras.constraints.Constraint, _compat.KerasSaveable):
         Returns:
             A ``FreezeEntries`` for ``variable``'s shape.
 
+        >>> from refimpl import FreezeEntries
         >>> w = keras.Variable([1.0, 2.0])
         >>> FreezeEntries.from_variable(w, [True, False]).values.tolist()
         [1.0, 2.0]

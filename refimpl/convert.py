@@ -38,8 +38,9 @@ def partialize(
     the chosen layers' biases (:mod:`refimpl.trainability`), unless ``train``
     names them. Weights and structure are unchanged: before training, the
     outputs equal the original's bit for bit. An elementwise kernel regularizer
-    (L1, L2) now penalizes the free entries alone (the same gradients; the loss
-    ``fit`` reports drops by the frozen entries' share of the penalty).
+    (L1, L2) now penalizes the free entries alone. Their gradients are
+    unchanged; the loss that ``fit`` reports is lower by the frozen entries'
+    share of the penalty.
 
     A key (of ``layer_masks`` or ``train``) matches a layer by its name, its
     weight's path, or the end of the path (``"query/kernel"``, ``"query"``), at
@@ -76,7 +77,8 @@ def partialize(
             fine-tuning guide.
         in_place: convert ``model``'s own layers (as Keras' ``enable_lora``
             does) instead of a copy's.
-        mode: the form of every partial weight (see
+        mode: the form of every partial weight (see :ref:`the forms <api-forms>`;
+            which layers take ``"sparse"`` and ``"slices"``:
             :func:`refimpl.enable_partial <refimpl.layers.enable.enable_partial>`).
         summary: print :func:`refimpl.trainability.trainable_summary` of the
             result: what trains, weight by weight, and the totals.
@@ -95,6 +97,7 @@ def partialize(
             or weight, a mask that does not fit, or a ``LayoutMap`` entry for a
             partial weight that does not fit it.
 
+    >>> from refimpl import partialize
     >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")])
     >>> converted = partialize(model, {"d": [[0, 0], [2, 1]]})
     >>> [(w.name, tuple(w.shape)) for w in converted.trainable_weights]  # bias frozen
@@ -166,6 +169,8 @@ def partial_layers(model) -> list[dict]:
         ``"recurrent_kernel"``), ``"num_free"`` and ``"size"`` (int, the free
         and all entries of that weight).
 
+    >>> from refimpl import partialize
+    >>> from refimpl.convert import partial_layers
     >>> layers = [keras.Input((3,)), keras.layers.Dense(2, name="d")]
     >>> model = partialize(keras.Sequential(layers, name="net"), {"d": [[0, 0]]})
     >>> [(r["path"], r["class"], r["num_free"]) for r in partial_layers(model)]
@@ -243,14 +248,18 @@ def merge(model, *, in_place: bool = False):
         ValueError: for a model that is not built, or a refimpl object that
             has no plain Keras form where it sits (named in the message).
 
-    >>> from refimpl import DiagonalDense
-    >>> model = keras.Sequential([keras.Input((3,)), DiagonalDense(name="d")])
-    >>> merged = merge(model)
-    >>> type(merged.get_layer("d")).__name__, merged.get_layer("d").units
-    ('Dense', 3)
-    >>> x = np.arange(3.0, dtype="float32")[None]
-    >>> outputs = [keras.ops.convert_to_numpy(m(x)) for m in (model, merged)]
-    >>> bool(np.array_equal(*outputs))  # the same products
+    >>> from refimpl import merge, partialize
+    >>> keras.utils.set_random_seed(0)
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")])
+    >>> converted = partialize(model, {"d": [[0, 0], [2, 1]]})
+    >>> converted.compile(optimizer="adam", loss="mse")
+    >>> _ = converted.fit(np.ones((8, 3)), np.ones((8, 2)), epochs=2, verbose=0)
+    >>> merged = merge(converted)
+    >>> type(merged.get_layer("d")).__name__
+    'Dense'
+    >>> composed = keras.ops.convert_to_numpy(converted.get_layer("d").kernel)
+    >>> kernel = keras.ops.convert_to_numpy(merged.get_layer("d").kernel)
+    >>> bool(np.array_equal(kernel, composed))  # the trained kernel, bit for bit
     True
     """
     _check_model(model, "merge", allow_subclassed=in_place)

@@ -122,6 +122,7 @@ def regrow(model, data, *, fraction, loss=None, batches=1, batch_size=32, start=
             model with no trainable partial layer, or an optimizer whose state
             cannot be reset per entry.
 
+    >>> from refimpl.drop_and_grow import regrow
     >>> import refimpl
     >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="d")])
     >>> model = refimpl.partialize(model, {"d": np.eye(4, 3, dtype=bool)})

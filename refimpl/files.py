@@ -112,6 +112,7 @@ def save_partial_weights(model, path) -> dict:
         ValueError: for a ``path`` not ending in ``.npz``, or a model with no
             partial layer.
 
+    >>> from refimpl import save_partial_weights
     >>> import os, tempfile, refimpl
     >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")])
     >>> model = refimpl.partialize(model, {"d": [[0, 0], [2, 1]]})
@@ -178,6 +179,7 @@ def load_partial_weights(model, path) -> None:
             ``model`` does not have, or a base whose shape, dtype or values
             differ from the one the entries were trained on.
 
+    >>> from refimpl import load_partial_weights, save_partial_weights
     >>> import os, tempfile, refimpl
     >>> plain = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")])
     >>> tuned = refimpl.partialize(plain, {"d": [[0, 0]]})

@@ -50,6 +50,7 @@ def as_array(
     Returns:
         A NumPy ``ndarray`` of ``value``'s values.
 
+    >>> from refimpl.masks import as_array
     >>> as_array([1.0, 2.0], "x", kind="floating")
     array([1., 2.])
     """
@@ -99,6 +100,7 @@ def indices_to_mask(indices, shape, *, name: str = "indices") -> np.ndarray:
         ValueError: if they have the wrong number of columns, are negative,
             out of range, or name a position twice.
 
+    >>> from refimpl.masks import indices_to_mask
     >>> indices_to_mask([[0, 1], [2, 2]], (3, 3)).astype(int)
     array([[0, 1, 0],
            [0, 0, 0],
@@ -171,6 +173,7 @@ def to_mask(
         ValueError: for a wrong shape, values other than 0 and 1, or bad
             indices.
 
+    >>> from refimpl.masks import to_mask
     >>> to_mask([True, False, True], (3,))
     array([ True, False,  True])
     >>> to_mask([[1]], (3,))  # an index list: position 1
@@ -220,6 +223,7 @@ def mask_to_indices(mask) -> np.ndarray:
         An int64 NumPy array of shape ``[k, rank]``, its rows in row-major (C)
         order, the order ``tf.boolean_mask`` uses.
 
+    >>> from refimpl.masks import mask_to_indices
     >>> mask_to_indices([[True, False], [False, True]])
     array([[0, 0],
            [1, 1]])
@@ -240,6 +244,7 @@ def mask_constant(mask):
     for a 4096 x 4096 mask inside ``tf.function``; see
     ``refimpl.backend.bool_constant``, which this calls.)
 
+    >>> from refimpl.masks import mask_constant
     >>> keras.ops.convert_to_numpy(mask_constant(np.array([True, False])))
     array([ True, False])
     """
@@ -252,6 +257,7 @@ def mask_shape(mask, *, name: str = "mask") -> tuple[int, ...] | None:
     An index list does not say the shape of the tensor it points into, so a
     caller that needs the shape asks for it when this returns ``None``.
 
+    >>> from refimpl.masks import mask_shape
     >>> mask_shape([[True, False]]), mask_shape([[0, 1]])
     ((1, 2), None)
     """

@@ -4,14 +4,9 @@ A partial weight is a frozen ``base`` with ``k`` free values at flat
 ``positions``. Everything that holds one
 (:class:`refimpl.PartialVariable <refimpl.variable.PartialVariable>`,
 the partial layers of :mod:`refimpl.layers`) builds it with the one
-:func:`compose`, multiplies by it with :func:`sparse_matmul` when it is a
-sparse matrix, and picks its form with :func:`choose_mode`:
-
-* ``"delta"``: ``k`` trainable values scattered into the base;
-* ``"sparse"`` (a matrix): the same weights, and ``x @ W`` computed as
-  ``x @ base + x @ S`` with ``S`` the sparse matrix of the free values'
-  differences from the base, never composing ``W``;
-* ``"select"``: a full-size trainable tensor, ``where(mask, free, base)``.
+:func:`compose`, multiplies by it with :func:`sparse_matmul` in the
+``"sparse"`` form, and picks its form with :func:`choose_mode`
+(see :ref:`the forms <api-forms>`).
 
 Everything is ``keras.ops``, so it runs on every Keras backend.
 """
@@ -61,10 +56,7 @@ SPARSE_BELOW_DENSITY_XLA = 0.003
 MODES = ("delta", "sparse", "select", "auto")
 
 #: The forms of a partial layer's weight, those of :data:`MODES` and
-#: ``"slices"`` (a ``Dense``, ``EinsumDense`` or convolution kernel free in
-#: whole slices, multiplied through dense sub-products, or an ``Embedding``
-#: table free in whole rows), which ``"auto"`` picks for whole rows or columns
-#: below half of a ``Dense`` or ``EinsumDense`` kernel.
+#: ``"slices"`` (see :ref:`the forms <api-forms>`).
 LAYER_MODES = ("delta", "sparse", "select", "slices", "auto")
 
 
@@ -108,6 +100,7 @@ def compose(base, positions, free, *, mode: str = "delta", mask=None):
             wrong shape.
         TypeError: for static positions and a ``free`` of another dtype.
 
+    >>> from refimpl.ops import compose
     >>> base = np.array([[1.0, 2.0], [3.0, 4.0]], "float32")
     >>> keras.ops.convert_to_numpy(compose(base, [[0, 1]], np.float32([9.0])))
     array([[1., 9.],
@@ -198,13 +191,14 @@ def sparse_matmul(x, base, positions, free):
 
     ``x @ S`` is a gather of the ``k`` needed rows of ``xᵀ``, a product by
     the differences ``free - base[positions]`` and a scatter-add into the
-    output columns: O(batch·k), with no n² temporary, and autodiff gives the
-    sampled gradient of the free values.
+    output columns: O(batch·k), with no n² temporary. Autodiff gives the free
+    values' gradient sampled: computed at the ``k`` free positions only.
 
     Returns:
         A tensor of the shape of ``x @ W`` (for any rank of ``x``, a 1-D ``x``
         included), in ``x``'s dtype.
 
+    >>> from refimpl.ops import sparse_matmul
     >>> base = np.array([[1.0, 2.0], [3.0, 4.0]], "float32")
     >>> x = np.array([[1.0, 1.0]], "float32")
     >>> y = sparse_matmul(x, base, np.array([1], "int32"), np.float32([9.0]))
@@ -246,6 +240,7 @@ def xla_enabled() -> bool:
     with ``jit_compile=True``. Keras traces a layer's ``call`` inside the
     compiled step, so a layer of your own can pick its product there:
 
+    >>> from refimpl.ops import compose, sparse_matmul, xla_enabled
     >>> class Product(keras.layers.Layer):  # x @ W: W[0, 0], W[2, 1] trainable
     ...     def build(self, input_shape):
     ...         self.free = self.add_weight(shape=(2,), initializer="ones")
@@ -290,6 +285,7 @@ def choose_mode(mask, *, jit_compile: bool = False) -> str:
     Returns:
         The form, a ``str`` (``"sparse"``, ``"delta"`` or ``"select"``).
 
+    >>> from refimpl.ops import choose_mode
     >>> choose_mode(np.eye(10, dtype=bool))  # 10% free
     'delta'
     >>> choose_mode(np.eye(1000, dtype=bool))  # 0.1% free

@@ -37,6 +37,7 @@ def plot_mask(mask, *, ax=None, title: str | None = None, values=None, moved=Non
 
     >>> import keras
     >>> from refimpl import partialize
+    >>> from refimpl.plotting import plot_mask
     >>> from refimpl.selection import band_mask
     >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4, name="d")])
     >>> before = keras.ops.convert_to_numpy(model.get_layer("d").kernel)

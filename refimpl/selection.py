@@ -51,6 +51,7 @@ def random_mask(shape, *, k=None, fraction=None, seed: int = 0) -> np.ndarray:
     Returns:
         A boolean NumPy array of ``shape``.
 
+    >>> from refimpl.selection import random_mask
     >>> random_mask((2, 3), k=2, seed=0).astype(int)  # the same for the same seed
     array([[0, 0, 0],
            [1, 1, 0]])
@@ -72,6 +73,7 @@ def top_k_mask(scores, *, k=None, fraction=None) -> np.ndarray:
     Returns:
         A boolean NumPy array of ``scores``'s shape.
 
+    >>> from refimpl.selection import top_k_mask
     >>> top_k_mask([[0.1, 3.0], [2.0, 2.0]], k=2).astype(int)
     array([[0, 1],
            [1, 0]])
@@ -92,6 +94,7 @@ def magnitude_mask(weight, *, k=None, fraction=None) -> np.ndarray:
     Returns:
         A boolean NumPy array of ``weight``'s shape.
 
+    >>> from refimpl.selection import magnitude_mask
     >>> magnitude_mask([[0.5, -3.0], [1.0, 0.0]], k=2).astype(int)
     array([[0, 1],
            [1, 0]])
@@ -118,6 +121,7 @@ def fisher_scores(model, x, y, *, loss, batch_size: int = 32, batches: int = 4):
     Returns:
         A dict from each trainable weight's path to a NumPy array of its shape.
 
+    >>> from refimpl.selection import fisher_scores
     >>> dense = keras.layers.Dense(1, kernel_initializer="ones", name="d")
     >>> model = keras.Sequential([keras.Input((2,)), dense], name="net")
     >>> x, y = np.ones((4, 2)), np.zeros((4, 1))
@@ -165,6 +169,7 @@ def fisher_mask(scores, *, k=None, fraction=None) -> np.ndarray:
     Returns:
         A boolean NumPy array of ``scores``'s shape.
 
+    >>> from refimpl.selection import fisher_mask
     >>> fisher_mask([[4.0, 0.5], [0.1, 9.0]], k=2).astype(int)
     array([[1, 0],
            [0, 1]])
@@ -178,6 +183,7 @@ def rows_mask(shape, rows) -> np.ndarray:
     Returns:
         A boolean NumPy array of ``shape``.
 
+    >>> from refimpl.selection import rows_mask
     >>> rows_mask((3, 2), [2]).astype(int)
     array([[0, 0],
            [0, 0],
@@ -195,6 +201,7 @@ def columns_mask(shape, columns) -> np.ndarray:
     Returns:
         A boolean NumPy array of ``shape``.
 
+    >>> from refimpl.selection import columns_mask
     >>> columns_mask((2, 3), [0]).astype(int)
     array([[1, 0, 0],
            [1, 0, 0]])
@@ -211,6 +218,7 @@ def diagonal_mask(shape) -> np.ndarray:
     Returns:
         A boolean NumPy array of ``shape``.
 
+    >>> from refimpl.selection import diagonal_mask
     >>> diagonal_mask((2, 3)).astype(int)
     array([[1, 0, 0],
            [0, 1, 0]])
@@ -224,6 +232,7 @@ def band_mask(shape, lower: int, upper: int) -> np.ndarray:
     Returns:
         A boolean NumPy array of ``shape``.
 
+    >>> from refimpl.selection import band_mask
     >>> band_mask((3, 3), 1, 0).astype(int)
     array([[1, 0, 0],
            [1, 1, 0],
@@ -257,6 +266,7 @@ def block_mask(shape, row_sizes, col_sizes, blocks) -> np.ndarray:
     Returns:
         A boolean NumPy array of ``shape``.
 
+    >>> from refimpl.selection import block_mask
     >>> block_mask((3, 3), [1, 2], [2, 1], [(1, 0)]).astype(int)
     array([[0, 0, 0],
            [1, 1, 0],

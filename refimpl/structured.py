@@ -48,7 +48,9 @@ def diagonal(w):
     Raises:
         ValueError: if ``w`` is not 1-D.
 
-    >>> ops.convert_to_numpy(diagonal([1.0, 2.0]))
+    >>> import keras
+    >>> from refimpl.structured import diagonal
+    >>> keras.ops.convert_to_numpy(diagonal([1.0, 2.0]))
     array([[1., 0.],
            [0., 2.]], dtype=float32)
     """
@@ -70,7 +72,9 @@ def diagonal_matmul(x, w):
         ValueError: if ``w`` is not 1-D or ``x`` does not end in ``n``.
         TypeError: if the dtypes differ.
 
-    >>> ops.convert_to_numpy(diagonal_matmul([[1.0, 1.0]], [2.0, 3.0]))
+    >>> import keras
+    >>> from refimpl.structured import diagonal_matmul
+    >>> keras.ops.convert_to_numpy(diagonal_matmul([[1.0, 1.0]], [2.0, 3.0]))
     array([[2., 3.]], dtype=float32)
     """
     w = _vector(w, "w")
@@ -97,7 +101,9 @@ def banded(diagonals: Sequence, offsets: Sequence[int]):
             or lists of different lengths.
         TypeError: for non-integer offsets or diagonals of different dtypes.
 
-    >>> ops.convert_to_numpy(banded([np.ones(3, "float32"), [2.0, 3.0]], [0, 1]))
+    >>> import keras
+    >>> from refimpl.structured import banded
+    >>> keras.ops.convert_to_numpy(banded([np.ones(3, "float32"), [2.0, 3.0]], [0, 1]))
     array([[1., 2., 0.],
            [0., 1., 3.],
            [0., 0., 1.]], dtype=float32)
@@ -137,9 +143,11 @@ def banded_matmul(x, diagonals: Sequence, offsets: Sequence[int]):
         ValueError, TypeError: as for :func:`banded`, or if ``x`` does not
             fit.
 
+    >>> import keras
+    >>> from refimpl.structured import banded_matmul
     >>> x = [[1.0, 10.0, 100.0]]
     >>> diagonals = [np.ones(3, "float32"), [2.0, 3.0]]
-    >>> ops.convert_to_numpy(banded_matmul(x, diagonals, [0, 1]))
+    >>> keras.ops.convert_to_numpy(banded_matmul(x, diagonals, [0, 1]))
     array([[  1.,  12., 130.]], dtype=float32)
     """
     diagonals, offsets, n = _band(diagonals, offsets)

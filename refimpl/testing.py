@@ -37,6 +37,7 @@ def moved(before, after) -> np.ndarray:
         ValueError: if the shapes differ.
         TypeError: if the dtypes differ.
 
+    >>> from refimpl.testing import moved
     >>> moved([1.0, 2.0, 3.0], [1.0, 2.5, 3.0])
     array([False,  True, False])
     """
@@ -73,6 +74,7 @@ def assert_frozen(before, after, mask) -> None:
         AssertionError: naming how many frozen entries moved, and the first few
             with their values before and after.
 
+    >>> from refimpl.testing import assert_frozen
     >>> assert_frozen([1.0, 2.0], [1.5, 2.0], mask=[True, False])
     >>> assert_frozen([1.0, 2.0], [1.0, 2.1], mask=[True, False])
     Traceback (most recent call last):
@@ -112,6 +114,7 @@ def count_free_parameters(model_or_variables) -> int:
     Returns:
         The count, an ``int``.
 
+    >>> from refimpl.testing import count_free_parameters
     >>> import keras
     >>> layer = keras.layers.Dense(3)
     >>> layer.build((None, 4))
@@ -155,6 +158,7 @@ def count_optimizer_state(optimizer) -> int:
     Returns:
         The count, an ``int``.
 
+    >>> from refimpl.testing import count_optimizer_state
     >>> import keras
     >>> w = keras.Variable([[1.0, 2.0], [3.0, 4.0]])
     >>> adam = keras.optimizers.Adam()

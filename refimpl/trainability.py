@@ -90,6 +90,7 @@ def trainable_summary(model, *, print_fn=None) -> list[dict]:
 
     >>> import keras
     >>> import refimpl
+    >>> from refimpl.trainability import trainable_summary
     >>> layers = [keras.Input((3,)), keras.layers.Dense(2, name="d")]
     >>> model = keras.Sequential(layers, name="net")
     >>> converted = refimpl.partialize(model, {"d": [[0, 0]]})

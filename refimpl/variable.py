@@ -55,43 +55,30 @@ class PartialVariable(keras.layers.Layer):
     <https://www.tensorflow.org/api_docs/python/tf/train/Checkpoint>`__ saves
     it too.
 
-    Modes (the frozen entries exact in every one; the default is the one to use
-    unless measured):
-
-    * ``"delta"`` (default): ``.free`` holds exactly the ``k`` free values, so
-      the optimizer state is ``k`` values per slot and no optimizer can
-      touch a frozen entry.
-    * ``"select"``: ``.free`` is a **full-size** variable and the forward pass
-      is ``where(mask, free, base)``: a full variable with a filtered update.
-      Its optimizer state is the full size per slot, whatever the density;
-      optimizers whose update is not elementwise (Adafactor) see every entry
-      of it. Faster than ``"delta"`` only when many entries are free.
-    * ``"sparse"`` (a matrix only): the weights of ``"delta"``, and
-      :meth:`matmul` computes ``x @ base + x @ S`` with ``S`` the sparse
-      matrix of the free values' differences from the base
-      (:func:`refimpl.ops.sparse_matmul`): no composed matrix, and the
-      free values' gradient is a sampled product, O(batch·k). Fastest when very
-      few entries are free (:data:`~refimpl.ops.SPARSE_BELOW_DENSITY`).
-      :meth:`value` composes the matrix as ``"delta"`` does.
-    * ``"auto"``: :func:`refimpl.ops.choose_mode` picks one of the three; a
-      ``"sparse"`` or ``"delta"`` pick (the same weights) sets :attr:`auto`
-      (:data:`~refimpl.ops.SPARSE_BELOW_DENSITY_XLA`). Its select switch was
-      measured without XLA: with XLA and many free entries, ask for ``"delta"``.
+    Its forms are ``"delta"`` (the default, the one to use unless measured),
+    ``"sparse"`` and ``"select"`` (see :ref:`the forms <api-forms>`); in
+    ``"sparse"``, :meth:`matmul` never composes the matrix, while :meth:`value`
+    composes it as ``"delta"`` does. With ``"auto"``,
+    :func:`refimpl.ops.choose_mode` picks one when it is built. When it picks
+    ``"sparse"`` or ``"delta"`` (the same weights), :attr:`auto` is ``True``
+    and :meth:`matmul` chooses between the two again each time it is traced:
+    ``"sparse"`` below :data:`~refimpl.ops.SPARSE_BELOW_DENSITY_XLA` free when
+    XLA compiles the step, the built form otherwise.
 
     Args:
         initial_value: the dense starting tensor (floating point). Its
             entries outside ``mask`` become the frozen values.
         mask: the trainable positions, anything
             :func:`refimpl.masks.to_mask` accepts for this shape.
-        mode: ``"delta"``, ``"select"``, ``"sparse"`` or ``"auto"``.
-        auto: only with a resolved ``"sparse"`` or ``"delta"`` mode: choose
-            between the two at trace time, as ``mode="auto"`` does (what
-            ``from_config`` passes back; see :attr:`auto`).
-        shape: with ``num_free``, and no ``initial_value`` or ``mask``: an
-            empty :term:`shell` whose values and positions are loaded with the
-            weights of a saved model (what ``from_config`` builds).
-        num_free: the number of free entries of such a shell.
+        mode: ``"delta"``, ``"select"``, ``"sparse"`` (a matrix only) or
+            ``"auto"``.
         **kwargs: base ``Layer`` arguments (``name``, ``dtype``).
+
+    Used by ``from_config`` only, and not in the signature above: ``shape``
+    and ``num_free``, with no ``initial_value`` or ``mask``, build an empty
+    :term:`shell` whose values and positions load with the weights of a saved
+    model; ``auto`` restores :attr:`auto` for a resolved ``"sparse"`` or
+    ``"delta"`` mode.
 
     Attributes:
         free: the trainable weight: the ``k`` free values in the order of
@@ -113,6 +100,7 @@ class PartialVariable(keras.layers.Layer):
     In a layer of your own, create it in ``build``, keep it as an attribute, and
     multiply with :meth:`matmul`; the layer then trains the free values alone:
 
+    >>> from refimpl import PartialVariable
     >>> class Partial(keras.layers.Layer):
     ...     def build(self, input_shape):
     ...         kernel = np.ones((input_shape[-1], 2), "float32")
@@ -201,6 +189,7 @@ class PartialVariable(keras.layers.Layer):
         Returns:
             A new ``PartialVariable`` of ``w``'s shape.
 
+        >>> from refimpl import PartialVariable
         >>> w = np.array([[1.0, 2.0], [3.0, 4.0]], "float32")
         >>> v = PartialVariable.from_dense(w, [[1, 0]])
         >>> keras.ops.convert_to_numpy(v.free)

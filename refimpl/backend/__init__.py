@@ -79,6 +79,7 @@ def require_tensorflow(what: str) -> None:
     Raises:
         ImportError: on any other backend (JAX, PyTorch).
 
+    >>> from refimpl.backend import require_tensorflow
     >>> def to_tf_variable(value):
     ...     require_tensorflow("to_tf_variable")
     ...     import tensorflow as tf

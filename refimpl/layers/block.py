@@ -54,6 +54,7 @@ class BlockDense(StructuredDense):
     structured layer
     (:meth:`~refimpl.layers.structured.DiagonalDense.to_dense`).
 
+    >>> from refimpl import BlockDense
     >>> eye = np.eye(2)
     >>> layer = BlockDense([[None, -0.2 * eye], [0.35 * eye, "trainable"]])
     >>> layer.build((None, 4))
@@ -131,6 +132,7 @@ class BlockDense(StructuredDense):
                 entries in a ``None`` block (unless ``project``), or a kernel
                 regularizer or constraint.
 
+        >>> from refimpl import BlockDense
         >>> dense = keras.layers.Dense(4)
         >>> dense.build((None, 4))
         >>> layout = [["fixed", None], [None, "trainable"]]

@@ -160,6 +160,7 @@ def supported_classes() -> tuple[type, ...]:
     Returns:
         A tuple of Keras layer classes.
 
+    >>> from refimpl.layers.classes import supported_classes
     >>> keras.layers.Conv2D in supported_classes()
     True
     """
@@ -185,6 +186,7 @@ def is_supported(layer_class) -> bool:
     Returns:
         A Python ``bool``.
 
+    >>> from refimpl.layers.classes import is_supported
     >>> is_supported(keras.layers.Embedding), is_supported(keras.layers.Dropout)
     (True, False)
     """
@@ -208,6 +210,7 @@ def partial_class(layer_class: type) -> type:
     Raises:
         TypeError: for a class this mechanism does not support.
 
+    >>> from refimpl.layers.classes import partial_class
     >>> partial_class(keras.layers.Conv2D).__name__
     'PartialConv2D'
     """
@@ -228,6 +231,7 @@ def partial_class(layer_class: type) -> type:
 def weight_names(layer) -> tuple[str, ...]:
     """The weights of ``layer`` that can be partial, the default first.
 
+    >>> from refimpl.layers.classes import weight_names
     >>> weight_names(keras.layers.LSTMCell(2))
     ('kernel', 'recurrent_kernel')
     """
@@ -243,6 +247,7 @@ def target_weight(layer, weight: str | None = None):
     Returns:
         The ``keras.Variable`` (the base, once ``layer`` is partial).
 
+    >>> from refimpl.layers.classes import target_weight
     >>> layer = keras.layers.Embedding(3, 2, name="emb")
     >>> layer.build((None,))
     >>> target_weight(layer).path

@@ -44,22 +44,17 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
         units: the output size, as for Dense.
         trainable_mask: the trainable kernel entries: a boolean mask of shape
             ``[input_dim, units]`` or an index list of shape ``[k, 2]``.
-        mode: ``"delta"`` (the default: ``k`` trainable values), ``"sparse"``
-            (the same weights; the product never composes the kernel, the
-            fastest form when very few entries are free,
-            :data:`~refimpl.ops.SPARSE_BELOW_DENSITY`), ``"select"`` (a
-            kernel-sized trainable weight, filtered), ``"slices"`` (whole
-            rows, columns or a block through dense sub-products) or
-            ``"auto"`` (see
-            :func:`refimpl.enable_partial <refimpl.layers.enable.enable_partial>`).
-        num_free: only without a mask: the number of free values of the
-            shell that ``from_config`` builds, whose positions and values come
-            with the saved weights.
-        auto: only without a mask: whether that shell's mode was ``"auto"``.
+        mode: the form (see :ref:`the forms <api-forms>`); ``"slices"`` for
+            whole rows, columns or a block of the kernel.
         rest_trainable: whether the bias trains (``False`` is what
             :func:`refimpl.partialize <refimpl.convert.partialize>` gives a converted
             layer).
         **kwargs: every other ``keras.layers.Dense`` argument.
+
+    Used by ``from_config`` only, and not in the signature above: ``num_free``
+    (the number of free values of a shell with no mask, whose positions and
+    values come with the saved weights) and ``auto`` (whether its mode was
+    ``"auto"``).
 
     Attributes:
         partial_free: the trainable weight: the ``k`` free values in the order
@@ -77,6 +72,7 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
     ``freeze_rest``, ``fold``, ``to_dense``) is that of every partial layer:
     see :class:`~refimpl.layers.partial.PartialWeightMixin`.
 
+    >>> from refimpl import PartialDense
     >>> layer = PartialDense(2, [[0, 0], [2, 1]], use_bias=False)
     >>> layer.build((None, 3))
     >>> [(w.name, tuple(w.shape), w.trainable) for w in layer.weights]
@@ -191,6 +187,7 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
             A built ``PartialDense`` whose kernel, bias and outputs equal the
             Dense layer's, bit for bit.
 
+        >>> from refimpl import PartialDense
         >>> dense = keras.layers.Dense(2)
         >>> dense.build((None, 3))
         >>> layer = PartialDense.from_dense(dense, np.eye(3, 2, dtype=bool))

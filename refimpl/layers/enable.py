@@ -52,18 +52,15 @@ def enable_partial(
         mask: the trainable entries of its ``kernel`` (``embeddings`` for an
             ``Embedding``): a boolean mask of the weight's shape or an index
             list (see :func:`refimpl.masks.to_mask`).
-        mode: ``"delta"``, ``"select"``, ``"auto"``; ``"sparse"`` for
-            ``Dense``; ``"slices"`` for a ``Dense`` or ``EinsumDense`` kernel
-            free in whole slices (rows, columns, blocks, heads), multiplied
-            through dense sub-products without composing the kernel, a
-            convolution's whole filters or input channels, and an
-            ``Embedding``'s whole rows, looked up without composing the
-            table. ``"auto"`` picks ``"slices"``
-            for whole rows or columns (slices that span an axis) below half
-            a ``Dense`` or ``EinsumDense`` kernel, and otherwise chooses by
-            density (:func:`refimpl.ops.choose_mode`, whose select switch was
-            measured without XLA: with XLA and many free entries, ask for
-            ``"delta"``).
+        mode: the form (see :ref:`the forms <api-forms>`): ``"delta"``,
+            ``"select"`` or ``"auto"`` for every layer, ``"sparse"`` for a
+            ``Dense`` layer, and ``"slices"`` for a weight free in whole
+            slices:
+
+            * a ``Dense`` or ``EinsumDense`` kernel: rows, columns, blocks,
+              heads;
+            * a convolution kernel: whole filters or input channels;
+            * an ``Embedding`` table: whole rows.
         weight: which weight, for a layer with two that can be partial: a
             ``SeparableConv``'s ``"depthwise_kernel"`` (the default) or
             ``"pointwise_kernel"``, an RNN cell's ``"kernel"`` (the default)
@@ -78,6 +75,7 @@ def enable_partial(
             LoRA or quantization, has a regularizer or constraint that is not
             elementwise, or a mask that does not fit.
 
+    >>> from refimpl import enable_partial
     >>> layer = keras.layers.Dense(2)
     >>> layer.build((None, 3))
     >>> enable_partial(layer, [[0, 0], [2, 1]])
@@ -171,6 +169,7 @@ def make_shell(
     positions come with the saved weights; :mod:`refimpl.layers.hosts` says what
     a rebuilt host does to its sub-layers.
 
+    >>> from refimpl.layers.enable import make_shell
     >>> layer = keras.layers.Dense(2)
     >>> layer.build((None, 3))
     >>> make_shell(layer, num_free=2, mode="delta", auto=False)

@@ -40,6 +40,7 @@ def is_container(layer) -> bool:
     Returns:
         A Python ``bool``.
 
+    >>> from refimpl.layers.hosts import is_container
     >>> is_container(keras.Sequential()), is_container(keras.layers.Dense(1))
     (True, False)
     """
@@ -99,6 +100,7 @@ keras.saving.get_custom_objects()[HOST_NAME] = _Loader
 def host_class(plain: type) -> type:
     """The host class of a layer class (made once, registered as ``PartialHost``).
 
+    >>> from refimpl.layers.hosts import host_class
     >>> host = host_class(keras.layers.MultiHeadAttention)
     >>> host.__name__, host is host_class(keras.layers.MultiHeadAttention)
     ('PartialMultiHeadAttention', True)
@@ -160,6 +162,7 @@ def mark_hosts(model) -> list:
     Returns:
         The hosts it marked, outermost first.
 
+    >>> from refimpl.layers.hosts import mark_hosts
     >>> from refimpl import enable_partial
     >>> attention = keras.layers.MultiHeadAttention(2, 4, kernel_initializer="zeros")
     >>> attention.build((None, 3, 8), (None, 3, 8))
@@ -190,6 +193,7 @@ def unmark_hosts(model) -> None:
     Returns:
         ``None``; the hosts change class in place.
 
+    >>> from refimpl.layers.hosts import mark_hosts, unmark_hosts
     >>> from refimpl import enable_partial
     >>> attention = keras.layers.MultiHeadAttention(2, 4, kernel_initializer="zeros")
     >>> attention.build((None, 3, 8), (None, 3, 8))

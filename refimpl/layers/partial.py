@@ -64,6 +64,7 @@ class PartialWeightMixin:
     ``PartialConv2D``, ...).
 
     >>> from refimpl import enable_partial
+    >>> from refimpl.layers.partial import PartialWeightMixin
     >>> layer = keras.layers.Embedding(3, 2)
     >>> layer.build((None,))
     >>> enable_partial(layer, [[2, 0], [2, 1]])  # the last row
@@ -264,8 +265,8 @@ class PartialWeightMixin:
 
     @property
     def partial_mode(self) -> str:
-        """The form, ``"auto"`` resolved: ``"delta"``, ``"sparse"``, ``"select"``
-        or ``"slices"``."""
+        """The form in use (``"auto"`` resolved when built), one of ``"delta"``,
+        ``"sparse"``, ``"select"`` and ``"slices"``."""
         self._partial_require_built("partial_mode")
         return self._partial_mode
 

@@ -59,6 +59,7 @@ class DiagonalDense(StructuredDense):
         bias_initializer: for the bias.
         **kwargs: base ``Layer`` arguments (``name``, ``dtype``, ...).
 
+    >>> from refimpl import DiagonalDense
     >>> layer = DiagonalDense()
     >>> keras.ops.convert_to_numpy(layer(np.ones((1, 3), "float32")))
     array([[1., 1., 1.]], dtype=float32)
@@ -88,6 +89,7 @@ class DiagonalDense(StructuredDense):
                 the diagonal (unless ``project``), or a kernel regularizer or
                 constraint.
 
+        >>> from refimpl import DiagonalDense
         >>> dense = keras.layers.Dense(3, kernel_initializer="identity")
         >>> dense.build((None, 3))
         >>> DiagonalDense.from_dense(dense).count_params()
@@ -154,6 +156,7 @@ class BandedDense(StructuredDense):
             built) not below ``n``, and for a ``fixed_diagonal`` of the wrong
             length.
 
+    >>> from refimpl import BandedDense
     >>> layer = BandedDense(1, 1, fixed_diagonal=1.0)
     >>> layer.build((None, 4))
     >>> sum(int(np.prod(w.shape)) for w in layer.trainable_weights)  # 3 + 3
@@ -244,6 +247,7 @@ class BandedDense(StructuredDense):
                 entries outside the band (unless ``project``), or a kernel
                 regularizer or constraint.
 
+        >>> from refimpl import BandedDense
         >>> dense = keras.layers.Dense(3, kernel_initializer="identity")
         >>> dense.build((None, 3))
         >>> BandedDense.from_dense(dense, 1, 0).count_params()  # 3 + 2 + 3 bias

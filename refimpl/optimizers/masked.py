@@ -29,11 +29,11 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
 
     Args:
         optimizer: the inner Keras optimizer, or its name (``"adam"``).
-        masks: required: a list of ``(variable, mask)`` pairs. A boolean mask
-            (or index list) marks the trainable entries; a floating-point mask
-            in [0, 1] scales each entry's update. Variables not listed train
-            in full. (Its default ``None`` is for ``from_config`` alone, whose
-            masks come with the saved variables.)
+        masks: a list of ``(variable, mask)`` pairs, required (the default
+            ``None`` is for ``from_config`` alone, whose masks load with the
+            optimizer's variables). A boolean mask (or index list) marks the
+            trainable entries; a floating-point mask in [0, 1] scales each
+            entry's update. Variables not listed train in full.
         restore_frozen: write the frozen entries (mask ``False`` or 0.0) back
             after every update, and after EMA finalization: the frozen entries are
             exact under every optimizer, for one copy of each masked variable
@@ -51,12 +51,17 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             the first update, for masks rebuilt from a config whose values
             were never loaded.
 
+    >>> from refimpl import MaskedOptimizer
+    >>> from refimpl.testing import assert_frozen
     >>> w = keras.Variable([1.0, 1.0, 1.0])
-    >>> opt = MaskedOptimizer(keras.optimizers.AdamW(0.1), [(w, [True, False, True])],
+    >>> before = keras.ops.convert_to_numpy(w)
+    >>> mask = [True, False, True]
+    >>> opt = MaskedOptimizer(keras.optimizers.AdamW(0.1), [(w, mask)],
     ...                       restore_frozen=True)
     >>> opt.apply([keras.ops.ones(3)], [w])
-    >>> keras.ops.convert_to_numpy(w).round(3)  # the middle entry keeps its bits
+    >>> keras.ops.convert_to_numpy(w).round(3)
     array([0.9, 1. , 0.9], dtype=float32)
+    >>> assert_frozen(before, w, mask)  # the middle entry kept its bits
 
     In a model, wrap the optimizer given to ``compile``:
 

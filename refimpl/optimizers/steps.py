@@ -36,6 +36,7 @@ def mask_gradients(grads_and_vars, masks) -> list[tuple]:
             does not fit, or a masked variable that is not in
             ``grads_and_vars``.
 
+    >>> from refimpl.optimizers import mask_gradients
     >>> w = keras.Variable([1.0, 2.0])
     >>> grad = keras.ops.array([3.0, 4.0])
     >>> [(g, _)] = mask_gradients([(grad, w)], [(w, [True, False])])
@@ -95,6 +96,7 @@ def apply_masked_gradients(
         ValueError: for a ``None`` gradient of a masked variable, or a mask
             that does not fit.
 
+    >>> from refimpl.optimizers import apply_masked_gradients
     >>> x = keras.Variable([3.0, 2.0])
     >>> apply_masked_gradients(
     ...     keras.optimizers.SGD(0.1), [(keras.ops.array([2.0, 10.0]), x)],

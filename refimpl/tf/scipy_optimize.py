@@ -78,6 +78,7 @@ def minimize(
         ValueError: for a bad mask, an unknown method, a loss that is not a
             scalar or not finite at the start, or a mask that leaves no entry free.
 
+    >>> from refimpl.tf import minimize
     >>> X = tf.Variable([1.0, 2.0])
     >>> Y = tf.constant([2.0, -3.0])
     >>> result = minimize(lambda: tf.reduce_sum((X - Y) ** 2), X, [True, False])

@@ -57,6 +57,7 @@ def partially_trainable(x, mask) -> tf.Tensor:
         ValueError: for a shape mismatch, mask values other than 0 and 1, or
             indices that are out of range or duplicated.
 
+    >>> from refimpl.tf import partially_trainable
     >>> x = tf.Variable([1.0, 2.0, 3.0])
     >>> with tf.GradientTape() as tape:
     ...     y = partially_trainable(x, [True, False, True])
@@ -98,6 +99,7 @@ def one_hot_trainable(x, indices) -> tf.Tensor:
         TypeError: if ``indices`` is not an index list or boolean mask.
         ValueError: for indices out of range, duplicated, or of the wrong rank.
 
+    >>> from refimpl.tf import one_hot_trainable
     >>> x = tf.Variable([1.0, 2.0])
     >>> with tf.GradientTape() as tape:
     ...     loss = tf.reduce_sum(one_hot_trainable(x, [[0]]) ** 2)
