@@ -38,8 +38,10 @@ def block(rows: Sequence[Sequence]):
             row or block column is ``None``.
         TypeError: for blocks of different dtypes.
 
+    >>> import keras
+    >>> from refimpl.structured import block
     >>> eye = np.eye(1, dtype="float32")
-    >>> ops.convert_to_numpy(block([[None, -0.2 * eye], [0.35 * eye, eye]]))
+    >>> keras.ops.convert_to_numpy(block([[None, -0.2 * eye], [0.35 * eye, eye]]))
     array([[ 0.  , -0.2 ],
            [ 0.35,  1.  ]], dtype=float32)
     """
@@ -71,9 +73,11 @@ def block_matmul(x, rows: Sequence[Sequence]):
     Raises:
         ValueError, TypeError: as for :func:`block`, or if ``x`` does not fit.
 
+    >>> import keras
+    >>> from refimpl.structured import block_matmul
     >>> eye = np.eye(1, dtype="float32")
     >>> rows = [[None, 2.0 * eye], [eye, None]]
-    >>> ops.convert_to_numpy(block_matmul([[1.0, 10.0]], rows))
+    >>> keras.ops.convert_to_numpy(block_matmul([[1.0, 10.0]], rows))
     array([[10.,  2.]], dtype=float32)
     """
     grid, heights, widths, dtype = _grid(rows)

@@ -55,8 +55,10 @@ def partialize(
     (``DataParallel``, ``ModelParallel``), a ``LayoutMap`` written for the
     plain model lays out each base weight as before (the composed weight takes
     its base's layout, so the outputs keep their bits); ``partial_free`` and
-    ``partial_positions`` are replicated unless a key names them
-    (``".*/partial_free": ("model",)``: 1-D, dividing their count). Under
+    ``partial_positions`` are replicated unless a key names them (in the
+    ``"select"`` form ``partial_free`` takes the base's layout): to shard them,
+    add a ``LayoutMap`` key such as ``".*/partial_free": ("model",)``; the
+    layout is 1-D and the mesh axis size must divide ``k``. Under
     `tf.distribute <https://www.tensorflow.org/api_docs/python/tf/distribute>`__
     the converted model trains with ``fit`` exactly.
 

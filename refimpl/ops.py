@@ -191,8 +191,8 @@ def sparse_matmul(x, base, positions, free):
 
     ``x @ S`` is a gather of the ``k`` needed rows of ``xᵀ``, a product by
     the differences ``free - base[positions]`` and a scatter-add into the
-    output columns: O(batch·k), with no n² temporary. Autodiff gives the free
-    values' gradient sampled: computed at the ``k`` free positions only.
+    output columns: O(batch·k), with no n² temporary. The free values' gradient
+    is exact, computed only at the ``k`` free positions (no dense n×n gradient).
 
     Returns:
         A tensor of the shape of ``x @ W`` (for any rank of ``x``, a 1-D ``x``

@@ -1,10 +1,11 @@
 """Choosing which entries to train: seeded, deterministic masks.
 
 Each mask function returns a boolean NumPy mask (``True`` = trainable) of the
-weight's shape; the scored ones (random, magnitude, Fisher) take exactly one of
-``k``, an int from 0 to the weight's size, and ``fraction``, a number from 0 to
-1, and have exactly ``k`` trainable entries, or ``round(fraction * size)`` of
-them (Python's rounding, half to even: ``round(2.5)`` is 2).
+weight's shape; the scored ones (random, magnitude, Fisher, top-k) take exactly
+one of ``k``, an int from 0 to the weight's size, and ``fraction``, a number
+from 0 to 1, and have exactly ``k`` trainable entries, or
+``round(fraction * size)`` of them (Python's rounding, half to even:
+``round(2.5)`` is 2).
 :func:`fisher_scores` returns the scores themselves:
 
 * :func:`random_mask`: uniformly at random, from a seed;
@@ -12,6 +13,7 @@ them (Python's rounding, half to even: ``round(2.5)`` is 2).
 * :func:`fisher_mask` from :func:`fisher_scores`: the largest accumulated
   squared gradient over a few batches (the empirical Fisher information used
   by sparse fine-tuning methods such as FISH);
+* :func:`top_k_mask`: the largest of any scores (what the previous two apply);
 * structured: :func:`rows_mask`, :func:`columns_mask`, :func:`diagonal_mask`,
   :func:`band_mask`, :func:`block_mask`.
 
@@ -31,17 +33,18 @@ from refimpl import backend
 from refimpl._checks import describe, input_arrays, normalize_shape
 from refimpl.masks import as_array
 
+# In the order of the API page: the scored masks, then the structured ones.
 __all__ = [
-    "band_mask",
-    "block_mask",
+    "random_mask",
+    "magnitude_mask",
+    "fisher_scores",
+    "fisher_mask",
+    "top_k_mask",
+    "rows_mask",
     "columns_mask",
     "diagonal_mask",
-    "fisher_mask",
-    "fisher_scores",
-    "magnitude_mask",
-    "random_mask",
-    "rows_mask",
-    "top_k_mask",
+    "band_mask",
+    "block_mask",
 ]
 
 

@@ -209,7 +209,8 @@ class PartialVariable(keras.layers.Layer):
 
     @property
     def mask(self) -> np.ndarray:
-        """The boolean mask, a NumPy array of :attr:`shape` (``True`` = free)."""
+        """The boolean mask (``True`` = free), a NumPy array of shape
+        :attr:`pv.shape <shape>`."""
         self._check_loaded()
         mask = np.zeros(int(np.prod(self._shape)), bool)
         mask[backend.read_now(self.positions)] = True
@@ -226,9 +227,9 @@ class PartialVariable(keras.layers.Layer):
         """Return the dense tensor: free values at their positions, base elsewhere.
 
         Returns:
-            A backend tensor of :attr:`shape`; inside a layer's ``call`` in
-            the layer's compute dtype (mixed precision), elsewhere in the
-            weights' dtype.
+            A backend tensor of shape :attr:`pv.shape <shape>`; inside a
+            layer's ``call`` in the layer's compute dtype (mixed precision),
+            elsewhere in the weights' dtype.
         """
         self._check_loaded()
         base, free = self.base.value, self.free.value  # autocast in a call

@@ -27,7 +27,7 @@ class BlockDense(StructuredDense):
 
     The kernel ``W`` (``y = x @ W``) is assembled like ``np.block(blocks)``;
     the product runs as split matmuls that skip the zero blocks, and only the
-    trainable blocks are weights (``block_i_j``).
+    trainable blocks are trainable weights (``block_i_j``).
 
     Args:
         blocks: a rectangular list of block rows. Each entry is ``None`` (a

@@ -45,7 +45,10 @@ def enable_partial(
     In place, like Keras' ``enable_lora``: the layer becomes an instance of
     its :func:`~refimpl.layers.classes.partial_class`, its weight becomes the frozen
     base, and its
-    outputs do not change. Compile the model again after converting.
+    outputs do not change. Unlike :func:`~refimpl.convert.partialize`, this
+    freezes nothing else: the layer's bias and other weights keep training
+    (:meth:`layer.freeze_rest() <refimpl.layers.partial.PartialWeightMixin.freeze_rest>`
+    freezes them). Compile the model again after converting.
 
     Args:
         layer: a built layer of a supported class (not already partial).

@@ -2,7 +2,7 @@
 
 The "restrict the update" family in its plainest form: the weight stays one
 full variable; the gradient of its frozen entries is replaced by zero (a
-select, never a product: ``0 * inf`` is NaN) before the optimizer sees it.
+``where``, never a product: ``0 * inf`` is NaN) before the optimizer sees it.
 
 * :class:`MaskedOptimizer` wraps any Keras optimizer, the way
   ``keras.optimizers.LossScaleOptimizer`` does: it changes what reaches the
@@ -18,7 +18,7 @@ decoupled weight decay, Ftrl, Muon, ScheduleFreeAdamW (by a few ULP) and
 Adafactor (where a fully frozen row meets a fully frozen column). With
 ``restore_frozen=True`` the wrapper writes the frozen values back after every
 update, which keeps the frozen entries bit-exact under any optimizer, for one
-copy of each masked variable and one select per step.
+copy of each masked variable and one ``where`` per step.
 
 A floating-point mask with values in [0, 1] scales each entry's *update* (new
 value minus old), not its gradient: a per-entry learning-rate multiplier that

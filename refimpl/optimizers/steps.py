@@ -152,7 +152,7 @@ def _masked_step(optimizer, grads, variables, masks, scaled, restore) -> None:
 
 
 def _mask_one(grad, keep):
-    """Zero ``grad`` where ``keep`` is False, with a select (NaN-safe)."""
+    """Zero ``grad`` where ``keep`` is False, with a ``where`` (NaN-safe)."""
     sparse = backend.mask_sparse_gradient(grad, keep)
     if sparse is not None:
         return sparse
