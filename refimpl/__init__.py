@@ -19,12 +19,18 @@ around that, in two families:
   (:class:`MaskedOptimizer <refimpl.optimizers.MaskedOptimizer>`,
   :class:`FreezeEntries <refimpl.constraints.FreezeEntries>`).
 
-The top level holds what a model needs. The rest lives in submodules:
-:mod:`refimpl.masks` (masks and index lists), :mod:`refimpl.ops` (compose,
-the sparse product, the choice of form), :mod:`refimpl.structured` (diagonal,
-band and block matrices and their products), :mod:`refimpl.selection` (which
-entries to train), :mod:`refimpl.trainability` (what trains in a converted
-model), :mod:`refimpl.drop_and_grow` (masks that change while training:
+The top level holds what a model needs, each name also in the submodule it
+comes from: :mod:`refimpl.convert` (:func:`partialize
+<refimpl.convert.partialize>`, :func:`merge <refimpl.convert.merge>` and
+:func:`~refimpl.convert.partial_layers`, which lists a converted model's
+partial layers), :mod:`refimpl.layers`, :mod:`refimpl.variable`,
+:mod:`refimpl.files` and :mod:`refimpl.constraints`. The rest lives in
+submodules only: :mod:`refimpl.masks` (masks and index lists),
+:mod:`refimpl.ops` (compose, the sparse product, the choice of form),
+:mod:`refimpl.structured` (diagonal, band and block matrices and their
+products), :mod:`refimpl.selection` (which entries to train),
+:mod:`refimpl.trainability` (what trains in a converted model),
+:mod:`refimpl.drop_and_grow` (masks that change while training:
 :class:`DropAndGrow <refimpl.drop_and_grow.DropAndGrow>`),
 :mod:`refimpl.testing` (checks), :mod:`refimpl.plotting`,
 :mod:`refimpl.optimizers`, :mod:`refimpl.backend`, and :mod:`refimpl.tf`, the

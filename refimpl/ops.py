@@ -36,15 +36,14 @@ __all__ = [
 #: Measured without XLA for one training step (forward, gradient, Adam update),
 #: batch 64, n = 4096, on a 2-core CPU: the delta step grows with the number of
 #: free values, and was behind the select step at 15% free but not at 10% (the
-#: benchmark's ``partial_delta`` and ``partial_select`` rows, ``cpu.csv`` and
-#: ``cpu_crossover.csv``). Under XLA the delta stayed ahead at every density
+#: book's benchmark chapter). Under XLA the delta stayed ahead at every density
 #: measured, but the switch is the same: see :func:`choose_mode`.
 SELECT_ABOVE_DENSITY = 0.125
 
 #: Density below which the sparse product is chosen for a matrix, without
 #: XLA: its three ``[k, batch]`` temporaries (64·k values each) together reach
-#: one n x n matrix at about 0.5% with a batch of 64 (``partial_sparse`` rows
-#: of the benchmark).
+#: one n x n matrix at about 0.5% with a batch of 64 (the book's benchmark
+#: chapter).
 SPARSE_BELOW_DENSITY = 0.005
 
 #: The same threshold when XLA compiles the step (``jit_compile=True``, and

@@ -82,7 +82,7 @@ class PartialVariable(keras.layers.Layer):
 
     Attributes:
         free: the trainable weight: the ``k`` free values in the order of
-            ``positions`` (full-size in the ``"select"`` mode).
+            ``positions`` (full-size in the ``"select"`` form).
         base: the frozen full tensor (non-trainable); its entries at
             ``positions`` are not used.
         positions: the free entries' flat row-major positions (non-trainable).

@@ -52,9 +52,9 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
         **kwargs: every other ``keras.layers.Dense`` argument.
 
     Used by ``from_config`` only, and not in the signature above: ``num_free``
-    (the number of free values of a shell with no mask, whose positions and
-    values come with the saved weights) and ``auto`` (whether its mode was
-    ``"auto"``).
+    (the number of free values of a :term:`shell`, the empty layer rebuilt from
+    a config, whose positions and values come with the saved weights) and
+    ``auto`` (whether its mode was ``"auto"``).
 
     Attributes:
         partial_free: the trainable weight: the ``k`` free values in the order

@@ -134,6 +134,8 @@ class BandedDense(StructuredDense):
     diagonals below the main one, ``upper`` above. Trainable weights: the
     off-diagonals, concatenated from the lowest offset up (``off_diagonals``),
     and the main diagonal (``diagonal``) unless ``fixed_diagonal`` is given.
+    Its ``kernel``, ``trainable_mask`` and ``to_dense()`` are as for
+    :class:`DiagonalDense`.
 
     Args:
         lower: number of trainable diagonals below the main one, ``>= 0``.
