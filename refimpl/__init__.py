@@ -21,12 +21,12 @@ around that, in two families:
 
 The top level holds what a model needs, each name also in the submodule it
 comes from: :mod:`refimpl.convert` (:func:`partialize
-<refimpl.convert.partialize>`, :func:`merge <refimpl.convert.merge>` and
+<refimpl.convert.partialize>` and :func:`merge <refimpl.convert.merge>`; its
 :func:`~refimpl.convert.partial_layers`, which lists a converted model's
-partial layers), :mod:`refimpl.layers`, :mod:`refimpl.variable`,
-:mod:`refimpl.files` and :mod:`refimpl.constraints`. The rest lives in
-submodules only: :mod:`refimpl.masks` (masks and index lists),
-:mod:`refimpl.ops` (compose, the sparse product, the choice of form),
+partial layers, is not at the top level), :mod:`refimpl.layers`,
+:mod:`refimpl.variable`, :mod:`refimpl.files` and :mod:`refimpl.constraints`.
+The rest lives in submodules only: :mod:`refimpl.masks` (masks and index
+lists), :mod:`refimpl.ops` (compose, the sparse product, the choice of form),
 :mod:`refimpl.structured` (diagonal, band and block matrices and their
 products), :mod:`refimpl.selection` (which entries to train),
 :mod:`refimpl.trainability` (what trains in a converted model),

@@ -50,9 +50,8 @@ class BlockDense(StructuredDense):
             whose heights or widths disagree, sizes that cannot be inferred,
             or (when built) an input size other than the sum of the heights.
 
-    ``kernel``, ``trainable_mask`` and ``to_dense()`` are as for every
-    structured layer
-    (:meth:`~refimpl.layers.structured.DiagonalDense.to_dense`).
+    Its ``kernel``, ``trainable_mask`` and ``to_dense()`` are as for
+    :class:`~refimpl.layers.structured.DiagonalDense`.
 
     >>> from refimpl import BlockDense
     >>> eye = np.eye(2)

@@ -154,6 +154,8 @@ def install(layer, records, frozen=()) -> None:
 def mark_hosts(model) -> list:
     """Give every host of a partial layer in ``model`` its host class.
 
+    ``model`` is a Keras model or layer.
+
     :func:`refimpl.partialize <refimpl.convert.partialize>` calls it; call it
     yourself after
     :func:`refimpl.enable_partial <refimpl.layers.enable.enable_partial>` on a

@@ -275,9 +275,9 @@ class PartialWeightMixin:
         """The form the product uses in the step being traced.
 
         Returns:
-            A ``str``: for a layer built with ``mode="auto"`` that resolved
-            to ``"sparse"`` or ``"delta"``, one of those two by whether XLA
-            compiles the step; otherwise :attr:`partial_mode`.
+            The form, as a ``str``. For a layer built with ``mode="auto"``
+            that resolved to ``"sparse"`` or ``"delta"``, one of those two by
+            whether XLA compiles the step; otherwise :attr:`partial_mode`.
         """
         if not self._partial_auto or not xla_enabled():
             return self._partial_mode
