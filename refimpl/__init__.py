@@ -24,18 +24,20 @@ comes from: :mod:`refimpl.convert` (:func:`partialize
 <refimpl.convert.partialize>` and :func:`merge <refimpl.convert.merge>`; its
 :func:`~refimpl.convert.partial_layers`, which lists a converted model's
 partial layers, is not at the top level), :mod:`refimpl.layers`,
-:mod:`refimpl.variable`, :mod:`refimpl.files` and :mod:`refimpl.constraints`.
-The rest lives in submodules only: :mod:`refimpl.masks` (masks and index
-lists), :mod:`refimpl.ops` (compose, the sparse product, the choice of form),
-:mod:`refimpl.structured` (diagonal, band and block matrices and their
+:mod:`refimpl.variable`, :mod:`refimpl.files`, :mod:`refimpl.constraints`,
+:mod:`refimpl.drop_and_grow` (:class:`DropAndGrow
+<refimpl.drop_and_grow.DropAndGrow>`; its :func:`~refimpl.drop_and_grow.regrow`
+stays in the submodule) and :mod:`refimpl.optimizers` (:class:`MaskedOptimizer
+<refimpl.optimizers.MaskedOptimizer>`; its function forms stay in the
+submodule). The rest lives in submodules only: :mod:`refimpl.masks` (masks and
+index lists), :mod:`refimpl.ops` (compose, the sparse product, the choice of
+form), :mod:`refimpl.structured` (diagonal, band and block matrices and their
 products), :mod:`refimpl.selection` (which entries to train),
 :mod:`refimpl.trainability` (what trains in a converted model),
-:mod:`refimpl.drop_and_grow` (masks that change while training:
-:class:`DropAndGrow <refimpl.drop_and_grow.DropAndGrow>`),
 :mod:`refimpl.testing` (checks), :mod:`refimpl.plotting`,
-:mod:`refimpl.optimizers`, :mod:`refimpl.backend`, and :mod:`refimpl.tf`, the
-TensorFlow-level teaching code. Everything but :mod:`refimpl.tf` runs on every
-Keras backend: TensorFlow, JAX and PyTorch.
+:mod:`refimpl.backend`, and :mod:`refimpl.tf`, the TensorFlow-level teaching
+code. Everything but :mod:`refimpl.tf` runs on every Keras backend: TensorFlow,
+JAX and PyTorch.
 
 The whole workflow on a model: convert it so that a quarter of one kernel
 trains (the entries of largest magnitude) with the head, train it with

@@ -48,7 +48,11 @@ def enable_partial(
     outputs do not change. Unlike :func:`~refimpl.convert.partialize`, this
     freezes nothing else: the layer's bias and other weights keep training
     (:meth:`layer.freeze_rest() <refimpl.layers.partial.PartialWeightMixin.freeze_rest>`
-    freezes them). Compile the model again after converting.
+    freezes them). Compile the model again after converting. On a sub-layer
+    of a layer that builds its own sub-layers (a ``MultiHeadAttention``
+    projection, a keras-hub block), call
+    :func:`~refimpl.layers.hosts.mark_hosts` on the model before saving, so
+    that it reloads; :func:`~refimpl.convert.partialize` does this itself.
 
     Args:
         layer: a built layer of a supported class (not already partial).
