@@ -1,7 +1,32 @@
 """refimpl: train only some positions of a Keras tensor, exactly.
 
 Keras decides trainability per *variable*. This package implements every way
-around that, in two families:
+around that. The whole workflow on a model: convert it so that a quarter of
+one kernel trains (the entries of largest magnitude) with the head, train it
+with ``fit``, save the trained entries alone, and fold the model back into
+plain Keras layers.
+
+>>> import os, tempfile
+>>> import keras, numpy as np, refimpl
+>>> hidden = keras.layers.Dense(8, name="hidden")
+>>> head = keras.layers.Dense(1, name="head")
+>>> model = keras.Sequential([keras.Input((16,)), hidden, head])
+>>> top_quarter = lambda w: refimpl.selection.magnitude_mask(w, fraction=0.25)
+>>> tuned = refimpl.partialize(model, {"hidden": top_quarter}, train=["head"])
+>>> [tuple(w.shape) for w in tuned.trainable_weights]  # 32 of 128, and the head
+[(32,), (8, 1), (1,)]
+>>> tuned.compile(optimizer="adam", loss="mse")
+>>> x, y = np.ones((32, 16), "float32"), np.zeros((32, 1), "float32")
+>>> _ = tuned.fit(x, y, epochs=2, verbose=0)
+>>> path = os.path.join(tempfile.mkdtemp(), "tuned.npz")
+>>> saved = refimpl.save_partial_weights(tuned, path)
+>>> saved["partial"]  # weight path -> entries saved
+{'hidden/kernel': 32}
+>>> plain = refimpl.merge(tuned)
+>>> [type(layer).__name__ for layer in plain.layers]
+['Dense', 'Dense']
+
+The ways fall in two families:
 
 * **reparametrize**: build the tensor from free values and fixed values, so
   the optimizer only ever sees the free values (exact under every optimizer,
@@ -38,31 +63,6 @@ products), :mod:`refimpl.selection` (which entries to train),
 :mod:`refimpl.backend`, and :mod:`refimpl.tf`, the TensorFlow-level teaching
 code. Everything but :mod:`refimpl.tf` runs on every Keras backend: TensorFlow,
 JAX and PyTorch.
-
-The whole workflow on a model: convert it so that a quarter of one kernel
-trains (the entries of largest magnitude) with the head, train it with
-``fit``, save the trained entries alone, and fold the model back into plain
-Keras layers.
-
->>> import os, tempfile
->>> import keras, numpy as np, refimpl
->>> hidden = keras.layers.Dense(8, name="hidden")
->>> head = keras.layers.Dense(1, name="head")
->>> model = keras.Sequential([keras.Input((16,)), hidden, head])
->>> top_quarter = lambda w: refimpl.selection.magnitude_mask(w, fraction=0.25)
->>> tuned = refimpl.partialize(model, {"hidden": top_quarter}, train=["head"])
->>> [tuple(w.shape) for w in tuned.trainable_weights]  # 32 of 128, and the head
-[(32,), (8, 1), (1,)]
->>> tuned.compile(optimizer="adam", loss="mse")
->>> x, y = np.ones((32, 16), "float32"), np.zeros((32, 1), "float32")
->>> _ = tuned.fit(x, y, epochs=2, verbose=0)
->>> path = os.path.join(tempfile.mkdtemp(), "tuned.npz")
->>> saved = refimpl.save_partial_weights(tuned, path)
->>> saved["partial"]  # weight path -> entries saved
-{'hidden/kernel': 32}
->>> plain = refimpl.merge(tuned)
->>> [type(layer).__name__ for layer in plain.layers]
-['Dense', 'Dense']
 """
 
 __version__ = "2.4.3"

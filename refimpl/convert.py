@@ -50,18 +50,6 @@ def partialize(
     converts its cells' kernels; a weight path picks a layer's other weight
     (``"lstm/recurrent_kernel"``, ``"sep/pointwise_kernel"``).
 
-    On many devices, convert and compile inside the distribution's scope.
-    Under `keras.distribution <https://keras.io/api/distribution/>`__
-    (``DataParallel``, ``ModelParallel``), a ``LayoutMap`` written for the
-    plain model lays out each base weight as before (the composed weight takes
-    its base's layout, so the outputs keep their bits); ``partial_free`` and
-    ``partial_positions`` are replicated unless a key names them (in the
-    ``"select"`` form ``partial_free`` takes the base's layout): to shard them,
-    add a ``LayoutMap`` key such as ``".*/partial_free": ("model",)``; the
-    layout is 1-D and the mesh axis size must divide ``k``. Under
-    `tf.distribute <https://www.tensorflow.org/api_docs/python/tf/distribute>`__
-    the converted model trains with ``fit`` exactly.
-
     Args:
         model: a built Keras model, copied: ``Sequential``, functional, or a
             subclass of the functional model that rebuilds from its config
@@ -98,6 +86,18 @@ def partialize(
         ValueError: for a model that is not built, a key that names no layer
             or weight, a mask that does not fit, or a ``LayoutMap`` entry for a
             partial weight that does not fit it.
+
+    **On many devices**, convert and compile inside the distribution's scope.
+    Under `keras.distribution <https://keras.io/api/distribution/>`__
+    (``DataParallel``, ``ModelParallel``), a ``LayoutMap`` written for the
+    plain model lays out each base weight as before (the composed weight takes
+    its base's layout, so the outputs keep their bits); ``partial_free`` and
+    ``partial_positions`` are replicated unless a key names them (in the
+    ``"select"`` form ``partial_free`` takes the base's layout): to shard them,
+    add a ``LayoutMap`` key such as ``".*/partial_free": ("model",)``; the
+    layout is 1-D and the mesh axis size must divide ``k``. Under
+    `tf.distribute <https://www.tensorflow.org/api_docs/python/tf/distribute>`__
+    the converted model trains with ``fit`` exactly.
 
     >>> from refimpl import partialize
     >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")])

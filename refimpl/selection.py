@@ -12,7 +12,8 @@ from 0 to 1, and have exactly ``k`` trainable entries, or
 * :func:`magnitude_mask`: the largest absolute values;
 * :func:`fisher_mask` from :func:`fisher_scores`: the largest accumulated
   squared gradient over a few batches (the empirical Fisher information used
-  by sparse fine-tuning methods such as FISH);
+  by sparse fine-tuning methods such as the FISH mask of Sung, Nair and
+  Raffel, "Training Neural Networks with Fixed Sparse Masks", NeurIPS 2021);
 * :func:`top_k_mask`: the largest of any scores (what the previous two apply);
 * structured: :func:`rows_mask`, :func:`columns_mask`, :func:`diagonal_mask`,
   :func:`band_mask`, :func:`block_mask`.
@@ -176,6 +177,20 @@ def fisher_mask(scores, *, k=None, fraction=None) -> np.ndarray:
     >>> fisher_mask([[4.0, 0.5], [0.1, 9.0]], k=2).astype(int)
     array([[1, 0],
            [0, 1]])
+
+    From a model's scores to the converted model: score on a few batches, keep
+    the top entries of one kernel, and hand that mask to ``partialize``.
+
+    >>> from refimpl import partialize
+    >>> from refimpl.selection import fisher_scores
+    >>> layers = [keras.Input((4,)), keras.layers.Dense(3, name="d")]
+    >>> model = keras.Sequential(layers, name="net")
+    >>> x = np.random.default_rng(0).normal(size=(8, 4))
+    >>> scores = fisher_scores(model, x, np.zeros((8, 3)), loss="mse")
+    >>> mask = fisher_mask(scores["net/d/kernel"], k=2)
+    >>> tuned = partialize(model, {"d": mask})
+    >>> [tuple(w.shape) for w in tuned.trainable_weights]
+    [(2,)]
     """
     return top_k_mask(scores, k=k, fraction=fraction)
 

@@ -3,11 +3,11 @@
 Everything in refimpl's Keras-level API is written in ``keras.ops`` and runs
 unchanged under ``KERAS_BACKEND=tensorflow``, ``jax`` and ``torch``. Of this
 module, a user needs two names: :data:`name`, the backend of this process, and
-:func:`require_tensorflow`, which TensorFlow-level code calls first. The others,
-listed in ``__all__`` (``read_now``, ``bool_constant``, ``batch_gradients`` and
-the like), are the backend-specific parts of refimpl's own code, picked once at
+:func:`require_tensorflow`, which TensorFlow-level code calls first. The other
+functions here (``read_now``, ``bool_constant``, ``batch_gradients`` and the
+like) are the backend-specific parts of refimpl's own code, picked once at
 import from ``refimpl.backend._tensorflow``, ``_jax`` or ``_torch``; they are
-not public API and may change.
+not in ``__all__``, not public API, and may change.
 
 >>> from refimpl import backend
 >>> backend.name in ("tensorflow", "jax", "torch")
@@ -22,19 +22,8 @@ import keras
 
 from refimpl._checks import describe
 
-__all__ = [
-    "assign_on_every_replica",
-    "batch_gradients",
-    "bool_constant",
-    "is_symbolic",
-    "is_variable",
-    "mask_sparse_gradient",
-    "name",
-    "read_now",
-    "require_tensorflow",
-    "try_read_now",
-    "variable_gradients",
-]
+# The public names; the backend-specific functions below are refimpl's own.
+__all__ = ["name", "require_tensorflow"]
 
 #: The Keras backend this process runs on.
 name = keras.backend.backend()
