@@ -97,7 +97,9 @@ def partialize(
     add a ``LayoutMap`` key such as ``".*/partial_free": ("model",)``; the
     layout is 1-D and the mesh axis size must divide ``k``. Under
     `tf.distribute <https://www.tensorflow.org/api_docs/python/tf/distribute>`__
-    the converted model trains with ``fit`` exactly.
+    the converted model trains with ``fit`` exactly under ``MirroredStrategy``;
+    under ``MultiWorkerMirroredStrategy``, ``fit`` fails for every model (a
+    Keras issue): train in a custom loop.
 
     >>> from refimpl import partialize
     >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")])
