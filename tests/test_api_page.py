@@ -1,0 +1,60 @@
+"""The API page states the values of the `choose_mode` thresholds it names.
+
+The table of forms on ``appendices/api.md`` writes each threshold of
+``refimpl.ops`` as its ``{data}`` role followed by its value as a percentage,
+``{data}`~refimpl.ops.SPARSE_BELOW_DENSITY` (0.5 %)``. A typed number goes
+stale, so the expected text is computed here from the constant itself: change
+a constant without updating the page and this test fails.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from refimpl import ops
+
+API_PAGE = Path(__file__).resolve().parents[1] / "appendices" / "api.md"
+THRESHOLDS = (
+    "SPARSE_BELOW_DENSITY",
+    "SPARSE_BELOW_DENSITY_XLA",
+    "SELECT_ABOVE_DENSITY",
+)
+
+
+def percent(fraction: float) -> str:
+    """The page's spelling of a fraction as a percentage: 0.005 -> '0.5 %'."""
+    return f"{fraction * 100:g} %"
+
+
+def stated_values(text: str, name: str) -> list[str]:
+    """Every percentage written right after the ``{data}`` role of ``name``."""
+    role = re.escape("{data}`~refimpl.ops." + name + "`")
+    return re.findall(role + r" \(([^()]*%)\)", text)
+
+
+def test_percent_spelling():
+    assert percent(0.005) == "0.5 %"
+    assert percent(0.003) == "0.3 %"
+    assert percent(0.125) == "12.5 %"
+
+
+@pytest.mark.parametrize("name", THRESHOLDS)
+def test_threshold_value_is_on_the_page(name):
+    stated = stated_values(API_PAGE.read_text(), name)
+    expected = percent(getattr(ops, name))
+    assert stated, f"api.md never writes {name} followed by ({expected})"
+    assert set(stated) == {expected}, (
+        f"api.md writes {name} as {stated}, but refimpl.ops.{name} is "
+        f"{getattr(ops, name)!r} ({expected}): update the page"
+    )
+
+
+@pytest.mark.parametrize("name", THRESHOLDS)
+def test_a_changed_threshold_fails(monkeypatch, name):
+    """The check above fails for a constant that moved and a page that did not."""
+    monkeypatch.setattr(ops, name, getattr(ops, name) * 0.8)
+    with pytest.raises(AssertionError, match="update the page"):
+        test_threshold_value_is_on_the_page(name)
