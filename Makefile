@@ -96,8 +96,9 @@ notebooks: $(STAMP)
 build-book: book
 
 # The built book in headless Chromium, offline (tests/browser): every page loads
-# without console errors or outside requests, math typeset, images loaded, no
-# sideways scroll at 400 px, navigation opens on a phone, search works.
+# without console errors or outside requests, math typeset, images loaded with
+# alt text, no sideways scroll at 400 px, navigation opens on a phone, search
+# works.
 browser: $(STAMP) book
 	@test -x $(CHROMIUM) || { \
 	  if [ "$$(id -u)" = 0 ]; then \

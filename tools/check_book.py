@@ -2,7 +2,10 @@
 
 * every notebook in chapters/ is listed in _toc.yml, and every entry exists;
 * every code cell has been executed (outputs are stored);
-* no stored output is an error, except in cells tagged ``raises-exception``.
+* no stored output is an error, except in cells tagged ``raises-exception``;
+* every figure a code cell stores has alt text for screen readers, in the
+  cell's metadata ``mystnb: {image: {alt: ...}}``, which MyST-NB puts on the
+  rendered image.
 
 Exit status 1 with one line per problem, 0 when the book is consistent.
 """
@@ -42,6 +45,13 @@ def problems() -> list[str]:
             if cell.get("execution_count") is None:
                 found.append(f"{rel}.ipynb cell {number} was not executed")
             tags = cell.get("metadata", {}).get("tags", [])
+            if any("image/png" in out.get("data", {}) for out in cell["outputs"]):
+                alt = cell["metadata"].get("mystnb", {}).get("image", {}).get("alt")
+                if not (isinstance(alt, str) and alt.strip()):
+                    found.append(
+                        f"{rel}.ipynb cell {number} stores a figure without alt "
+                        "text (set its metadata mystnb.image.alt)"
+                    )
             for out in cell.get("outputs", []):
                 text = "".join(out.get("text", "")) if out.get("text") else ""
                 is_error = out["output_type"] == "error" or "Traceback" in text

@@ -49,6 +49,9 @@ INSPECT = """async () => {
     brokenImages: images
       .filter((img) => !(img.complete && img.naturalWidth > 0))
       .map((img) => img.getAttribute("src")),
+    missingAlt: [...document.querySelectorAll("article img")]
+      .filter((img) => !(img.getAttribute("alt") || "").trim())
+      .map((img) => img.getAttribute("src")),
     wideTables: [...document.querySelectorAll("article table")]
       .filter((t) => t.getBoundingClientRect().width > t.parentElement.clientWidth + 1)
       .map((t) => t.innerText.trim().slice(0, 60)),
@@ -139,6 +142,9 @@ def test_page(page, relative):
     assert not found["texErrors"], f"{relative}: TeX errors {found['texErrors']}"
     assert not found["brokenImages"], f"{relative}: images {found['brokenImages']}"
     assert not found["brokenFonts"], f"{relative}: fonts {found['brokenFonts']}"
+    assert not found["missingAlt"], (
+        f"{relative}: images without alt text {found['missingAlt']}"
+    )
     assert not found["wideTables"], (
         f"{relative}: tables wider than the column at {DESKTOP['width']} px: "
         f"{found['wideTables']}"
