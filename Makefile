@@ -62,12 +62,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check $(LINT_PATHS)
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q tests --doctest-modules refimpl evidence
+	$(BIN)/python -m pytest -q --durations=10 tests --doctest-modules refimpl evidence
 
 # The Keras-level tests (marked every_backend) and refimpl's doctests on the
 # other backends; TensorFlow runs them in `unit`.
 backends: $(STAMP)
-	KERAS_BACKEND=jax $(BIN)/python -m pytest -q -m every_backend tests --doctest-modules refimpl
+	KERAS_BACKEND=jax $(BIN)/python -m pytest -q --durations=10 -m every_backend tests --doctest-modules refimpl
 	$(MAKE) distribution
 	@if $(BIN)/python -c "import torch" 2>/dev/null; then \
 	  KERAS_BACKEND=torch $(BIN)/python -m pytest -q -m every_backend tests --doctest-modules refimpl; \
@@ -90,7 +90,7 @@ check-book: $(STAMP)
 	$(BIN)/python tools/check_numbers.py
 
 notebooks: $(STAMP)
-	$(BIN)/python -m pytest -q --nbval --nbval-current-env \
+	$(BIN)/python -m pytest -q --durations=16 --nbval --nbval-current-env \
 	  --nbval-sanitize-with tools/nbval_sanitize.cfg $(NOTEBOOKS)
 
 build-book: book
