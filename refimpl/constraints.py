@@ -6,8 +6,8 @@ included), and then Keras applies the variable's constraint (a
 `keras.constraints.Constraint <https://keras.io/api/layers/constraints/>`__),
 which writes the frozen values back. Keras 3 applies constraints after the
 whole update, so the frozen entries end every step with their exact bits, under
-any optimizer, on one device and across replicas with any aggregation but
-``SUM`` (which adds the replicas' writes: keep the default aggregation under
+any optimizer, on one device and across replicas with any :term:`aggregation`
+but ``SUM`` (which adds the replicas' writes: keep the default aggregation under
 `tf.distribute <https://www.tensorflow.org/api_docs/python/tf/distribute>`__).
 
 What it does not save: the gradient, the update and the optimizer state (Adam's

@@ -1,4 +1,22 @@
-"""A model in and out: :func:`partialize` converts, :func:`merge` folds back."""
+"""A model in and out: :func:`partialize` converts, :func:`merge` folds back.
+
+A converted model saves as any Keras model, and loads in a process that has
+imported ``refimpl`` (which registers the partial classes with Keras):
+
+>>> import os, tempfile
+>>> import refimpl
+>>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")])
+>>> converted = refimpl.partialize(model, {"d": [[0, 0], [2, 1]]})
+>>> path = os.path.join(tempfile.mkdtemp(), "converted.keras")
+>>> converted.save(path)
+>>> loaded = keras.saving.load_model(path)
+>>> type(loaded.get_layer("d")).__name__, loaded.get_layer("d").num_free
+('PartialDense', 2)
+>>> x = np.ones((1, 3), "float32")
+>>> before, after = converted.predict(x, verbose=0), loaded.predict(x, verbose=0)
+>>> bool(np.array_equal(before, after))  # the same weights, bit for bit
+True
+"""
 
 from __future__ import annotations
 
@@ -87,19 +105,9 @@ def partialize(
             or weight, a mask that does not fit, or a ``LayoutMap`` entry for a
             partial weight that does not fit it.
 
-    **On many devices**, convert and compile inside the distribution's scope.
-    Under `keras.distribution <https://keras.io/api/distribution/>`__
-    (``DataParallel``, ``ModelParallel``), a ``LayoutMap`` written for the
-    plain model lays out each base weight as before (the composed weight takes
-    its base's layout, so the outputs keep their bits); ``partial_free`` and
-    ``partial_positions`` are replicated unless a key names them (in the
-    ``"select"`` form ``partial_free`` takes the base's layout): to shard them,
-    add a ``LayoutMap`` key such as ``".*/partial_free": ("model",)``; the
-    layout is 1-D and the mesh axis size must divide ``k``. Under
-    `tf.distribute <https://www.tensorflow.org/api_docs/python/tf/distribute>`__
-    the converted model trains with ``fit`` exactly under ``MirroredStrategy``;
-    under ``MultiWorkerMirroredStrategy``, ``fit`` fails for every model (a
-    Keras issue): train in a custom loop.
+    On many devices (``keras.distribution``, ``tf.distribute``), the API
+    page's section :ref:`many devices <api-many-devices>` says how to convert,
+    lay out and train.
 
     >>> from refimpl import partialize
     >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")])

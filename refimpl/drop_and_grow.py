@@ -216,7 +216,8 @@ def _swap(layer, score, fraction, optimizer) -> dict:
 class DropAndGrow(keras.callbacks.Callback):
     """Re-choose the free entries of every partial layer every ``every`` steps.
 
-    A Keras callback for ``fit`` (the module docstring gives the choices). At
+    A Keras callback for ``fit``; :mod:`refimpl.drop_and_grow` lists its
+    choices (what a dropped and a grown entry start from, the growth score). At
     the end of every ``every``-th training step, each trainable partial layer
     drops ``round(fraction * k)`` of its ``k`` free entries, those that moved
     least from their base value, and grows as many where the growth score,

@@ -1,13 +1,23 @@
 """Validate and convert masks and index lists.
 
-Every public function of `refimpl` that takes a ``mask`` or ``trainable_mask``
-argument accepts the same two spellings and sends them through :func:`to_mask`,
-with these exceptions: :func:`refimpl.ops.choose_mode` takes a boolean or
-0.0/1.0 mask alone and :func:`mask_to_indices` a boolean mask alone; the
-``positions`` of :func:`refimpl.ops.compose` and
-:func:`refimpl.ops.sparse_matmul` may also be flat positions; and the masks of
-:class:`refimpl.MaskedOptimizer <refimpl.optimizers.MaskedOptimizer>` may hold
-fractions in [0, 1] that scale the update. The two spellings:
+Every public function of `refimpl` that takes a ``mask``, ``masks`` or
+``trainable_mask`` argument accepts the same two spellings below and sends them
+through :func:`to_mask`, with these exceptions, the only ones:
+
+* :func:`refimpl.ops.choose_mode` takes a boolean or 0.0/1.0 mask alone, and
+  :func:`mask_to_indices` a boolean mask alone;
+* an index list does not say the tensor's shape, so
+  :class:`refimpl.FreezeEntries <refimpl.constraints.FreezeEntries>` takes one
+  only with a full array of ``values`` (with a scalar ``values``, a boolean
+  mask), and :func:`refimpl.plotting.plot_mask` only with ``values``;
+* the masks of
+  :class:`refimpl.MaskedOptimizer <refimpl.optimizers.MaskedOptimizer>` and of
+  :func:`~refimpl.optimizers.apply_masked_gradients` may also hold fractions
+  in [0, 1] that scale the update.
+
+The ``positions`` of :func:`refimpl.ops.compose` and
+:func:`refimpl.ops.sparse_matmul` may also be flat positions. The two
+spellings:
 
 * a **boolean mask** of exactly the tensor's shape (``True`` = trainable), given
   as a NumPy array, a nested list, or an eager ``tf.Tensor``; a floating-point

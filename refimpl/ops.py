@@ -87,8 +87,9 @@ def compose(base, positions, free, *, mode: str = "delta", mask=None):
             backend tensor); for ``"select"``, a
             tensor of ``base``'s shape whose entries at ``positions`` are used.
         mode: ``"delta"`` (a scatter) or ``"select"`` (``where``).
-        mask: for ``"select"`` inside a step: the boolean mask as a tensor,
-            so that it is not scattered again from ``positions``.
+        mask: for ``"select"``, the boolean mask of ``positions``, so that it
+            is not scattered again from them: a tensor inside a step, used as
+            it is, or a static mask or index list, checked.
 
     Returns:
         A tensor of ``base``'s shape and dtype, with the free values at their
@@ -136,6 +137,8 @@ def compose(base, positions, free, *, mode: str = "delta", mask=None):
     if mode == "select":
         if mask is None:
             mask = scattered_mask(positions, shape)
+        elif not (keras.ops.is_tensor(mask) or backend.is_variable(mask)):
+            mask = to_mask(mask, shape, name="mask")
         return keras.ops.where(mask, free, base)
     flat = keras.ops.reshape(base, (-1,))
     index = keras.ops.expand_dims(positions, -1)
@@ -193,9 +196,24 @@ def sparse_matmul(x, base, positions, free):
     output columns: O(batch·k), with no n² temporary. The free values' gradient
     is exact, computed only at the ``k`` free positions (no dense n×n gradient).
 
+    Args:
+        x: the input, of any rank, its last axis the matrix's rows.
+        base: the dense ``[rows, columns]`` matrix of fixed values.
+        positions: where the free values go. Static (NumPy, a list): flat
+            row-major positions, an index list of shape ``[k, 2]`` or a
+            boolean mask, checked as :func:`compose` checks them. A backend
+            tensor or variable: flat positions, used as they are (what layers
+            pass inside a step).
+        free: the ``k`` free values, in the order of ``positions``.
+
     Returns:
         A tensor of the shape of ``x @ W`` (for any rank of ``x``, a 1-D ``x``
         included), in ``x``'s dtype.
+
+    Raises:
+        ValueError: for a ``base`` that is not a matrix, an ``x`` whose last
+            axis does not match it, bad static positions, or a ``free`` whose
+            length is not their number.
 
     >>> from refimpl.ops import sparse_matmul
     >>> base = np.array([[1.0, 2.0], [3.0, 4.0]], "float32")
@@ -204,7 +222,23 @@ def sparse_matmul(x, base, positions, free):
     >>> keras.ops.convert_to_numpy(y)  # x @ [[1, 9], [3, 4]]
     array([[ 4., 13.]], dtype=float32)
     """
+    base, free = keras.ops.convert_to_tensor(base), keras.ops.convert_to_tensor(free)
+    if len(base.shape) != 2:
+        raise ValueError(
+            f"`base` must be a matrix. Received: base.shape={tuple(base.shape)}"
+        )
     n_in, n_out = (int(d) for d in base.shape)
+    if not (keras.ops.is_tensor(positions) or backend.is_variable(positions)):
+        positions = flat_positions(positions, (n_in, n_out), name="positions")
+        if len(keras.ops.shape(free)) != 1 or keras.ops.shape(free)[0] != len(
+            positions
+        ):
+            raise ValueError(
+                f"`free` must hold one value per position, shape "
+                f"({len(positions)},). Received: free.shape="
+                f"{tuple(keras.ops.shape(free))}"
+            )
+        positions = keras.ops.convert_to_tensor(positions, index_dtype(base.shape))
     x = keras.ops.convert_to_tensor(x)
     if not x.shape or x.shape[-1] not in (None, n_in):
         raise ValueError(

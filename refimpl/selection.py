@@ -1,9 +1,10 @@
 """Choosing which entries to train: seeded, deterministic masks.
 
 Each mask function returns a boolean NumPy mask (``True`` = trainable) of the
-weight's shape; the scored ones (random, magnitude, Fisher, top-k) take exactly
-one of ``k``, an int from 0 to the weight's size, and ``fraction``, a number
-from 0 to 1, and have exactly ``k`` trainable entries, or
+weight's shape. The ones that pick a number of entries, :func:`random_mask` at
+random and the three that keep the highest scores (magnitude, Fisher, top-k),
+take exactly one of ``k``, an int from 0 to the weight's size, and
+``fraction``, a number from 0 to 1, and have exactly ``k`` trainable entries, or
 ``round(fraction * size)`` of them (Python's rounding, half to even:
 ``round(2.5)`` is 2).
 :func:`fisher_scores` returns the scores themselves:
@@ -19,10 +20,12 @@ from 0 to 1, and have exactly ``k`` trainable entries, or
   :func:`band_mask`, :func:`block_mask`.
 
 Ties (equal magnitudes or scores) go to the lower flat index, so every
-function is deterministic. The ones that score the weight fit
-:func:`refimpl.partialize <refimpl.convert.partialize>` as a policy,
-``{"dense": lambda w: magnitude_mask(w, fraction=0.01)}``; the ones that take a
-shape through its shape, ``lambda w: random_mask(w.shape, fraction=0.01)``.
+function is deterministic. :func:`magnitude_mask` takes the weight itself, so
+a policy of :func:`refimpl.partialize <refimpl.convert.partialize>` calls it
+directly: ``{"dense": lambda w: magnitude_mask(w, fraction=0.01)}``. The ones
+that take a shape (:func:`random_mask` and the structured ones) work as a
+policy through the weight's shape:
+``lambda w: random_mask(w.shape, fraction=0.01)``.
 """
 
 from __future__ import annotations

@@ -177,7 +177,7 @@ class PartialVariable(keras.layers.Layer):
 
     @classmethod
     def from_dense(cls, w, mask, **kwargs) -> PartialVariable:
-        """Build one from an existing dense tensor: the right inverse of ``value``.
+        """Build one from a dense tensor: the :term:`right inverse` of ``value``.
 
         ``PartialVariable.from_dense(w, mask).value()`` equals ``w`` bit for bit.
 

@@ -95,6 +95,26 @@ def test_sparse_matmul_equals_the_composed_product_whatever_the_base_holds():
     np.testing.assert_allclose(y1, x[0] @ composed, rtol=1e-5, atol=1e-5)
 
 
+def test_sparse_matmul_takes_an_index_list_or_a_mask_as_compose_does():
+    w, mask, x, _ = _case()
+    positions = np.flatnonzero(mask).astype("int32")
+    free = np.random.default_rng(2).normal(size=len(positions)).astype("float32")
+    expected = _numpy(sparse_matmul(x, w, positions, free))
+    for spelling in (np.argwhere(mask).tolist(), mask):
+        np.testing.assert_array_equal(
+            _numpy(sparse_matmul(x, w, spelling, free)), expected
+        )
+    composed = refimpl.ops.compose(w, positions, free)
+    select = refimpl.ops.compose(
+        w,
+        positions,
+        keras.ops.convert_to_numpy(composed),
+        mode="select",
+        mask=np.argwhere(mask).tolist(),
+    )
+    np.testing.assert_array_equal(_numpy(select), _numpy(composed))
+
+
 @pytest.mark.parametrize("mode", ["sparse", "delta", "select", "auto"])
 def test_matmul_equals_x_times_value_in_every_mode(mode):
     w, mask, x, _ = _case()
@@ -505,6 +525,40 @@ def test_mirrored_strategy_trains_like_one_device_and_keeps_frozen_entries(tmp_p
             ValueError,
             "`auto`",
             id="auto_with_select",
+        ),
+        pytest.param(
+            lambda: sparse_matmul(
+                np.ones((1, 2), "float32"), np.eye(2), [[0, 5]], np.ones(1)
+            ),
+            ValueError,
+            "`positions`",
+            id="sparse_matmul_index_out_of_range",
+        ),
+        pytest.param(
+            lambda: sparse_matmul(
+                np.ones((1, 2), "float32"), np.eye(2), [[0, 1]], np.ones(2)
+            ),
+            ValueError,
+            "`free`",
+            id="sparse_matmul_free_length",
+        ),
+        pytest.param(
+            lambda: sparse_matmul(np.ones(2, "float32"), np.ones(2), [0], np.ones(1)),
+            ValueError,
+            "`base`",
+            id="sparse_matmul_base_not_a_matrix",
+        ),
+        pytest.param(
+            lambda: refimpl.ops.compose(
+                np.eye(2, dtype="float32"),
+                [[0, 1]],
+                np.eye(2, dtype="float32"),
+                mode="select",
+                mask=[[0, 5]],
+            ),
+            ValueError,
+            "`mask`",
+            id="compose_select_mask_out_of_range",
         ),
         pytest.param(
             lambda: refimpl.PartialDense(2, np.eye(2, dtype=bool), mode="sparce"),

@@ -51,10 +51,10 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
             layer).
         **kwargs: every other ``keras.layers.Dense`` argument.
 
-    Used by ``from_config`` only, and not in the signature above: ``num_free``
-    (the number of free values of a :term:`shell`, the empty layer rebuilt from
-    a config, whose positions and values come with the saved weights) and
-    ``auto`` (whether its mode was ``"auto"``).
+    Loading a saved layer also passes ``num_free`` and ``auto``; you never pass
+    them. (They rebuild a :term:`shell`, an empty layer with ``num_free`` free
+    values whose positions and values come with the saved weights, and
+    ``auto`` says whether its mode was ``"auto"``.)
 
     Attributes:
         partial_free: the trainable weight: the ``k`` free values in the order

@@ -22,9 +22,9 @@ names (the ``kernel`` or ``embeddings``, or another such as
 Each partial class is a subclass of the plain one with a name of its own
 (``PartialConv2D``, registered as ``refimpl>PartialConv2D``);
 :class:`~refimpl.layers.dense.PartialDense` can also be built from a mask. An
-optimizer sees only the free values (``k`` values of state per slot; ``n``, the
-weight's size, in the ``"select"`` form), so frozen entries keep their bits
-under every optimizer. A reloaded layer has the same weights bit for bit;
+optimizer sees only the free values (``k`` values of state per slot; as many
+as the weight has entries in the ``"select"`` form), so frozen entries keep
+their bits under every optimizer. A reloaded layer has the same weights bit for bit;
 :meth:`~PartialWeightMixin.to_dense` and
 :func:`refimpl.merge <refimpl.convert.merge>` give the plain layer back.
 """

@@ -14,10 +14,10 @@ full variable; the gradient of its frozen entries is replaced by zero (a
 
 With plain SGD, momentum SGD, Adam and Lion, a gradient that has always been
 zero means no update. Optimizers that move such an entry break that: any with
-decoupled weight decay, Ftrl, Muon, ScheduleFreeAdamW (by a few ULP, units in
-the last place: rounding) and Adafactor (where a fully frozen row meets a fully
-frozen column). With
-``restore_frozen=True`` the wrapper writes the frozen values back after every
+:term:`decoupled weight decay`, Ftrl, Muon, ScheduleFreeAdamW (by a few
+:term:`ULP`, units in the last place: rounding) and Adafactor (where a fully
+frozen row meets a fully frozen column). With ``restore_frozen=True`` the
+wrapper writes the frozen values back after every
 update, which keeps the frozen entries bit-exact under any optimizer, for one
 copy of each masked variable and one ``where`` per step.
 

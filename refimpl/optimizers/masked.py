@@ -37,8 +37,11 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         restore_frozen: write the frozen entries (mask ``False`` or 0.0) back
             after every update, and after EMA finalization: the frozen entries are
             exact under every optimizer, for one copy of each masked variable
-            per step (under Adafactor, where a fully frozen row meets a fully
-            frozen column, the free entries still end NaN).
+            per step. Under Adafactor, where a fully frozen row meets a fully
+            frozen column, the free entries still become NaN: the update is
+            already NaN at every entry, and writing the frozen values back
+            cannot repair the free ones
+            (:doc:`/chapters/03_gradient_masking`).
         name: the optimizer's name.
 
     Raises:

@@ -75,17 +75,19 @@ def apply_masked_gradients(
     you already have. Works eagerly on every backend, and on TensorFlow
     also in ``tf.function`` and under
     `tf.distribute <https://www.tensorflow.org/api_docs/python/tf/distribute>`__
-    (in replica context).
+    (in :term:`replica context`).
 
     Args:
         optimizer: a Keras optimizer.
         grads_and_vars: ``(gradient, variable)`` pairs.
         masks: a list of ``(variable, mask)`` pairs; a floating-point mask in
             [0, 1] scales each entry's update.
-        restore_frozen: write the frozen entries back after the update (the
-            frozen entries exact under every optimizer; under Adafactor, where
-            a fully frozen row meets a fully frozen column, the free entries
-            still end NaN).
+        restore_frozen: write the frozen entries back after the update, which
+            keeps them exact under every optimizer. Under Adafactor, where a
+            fully frozen row meets a fully frozen column, the free entries
+            still become NaN: the update is already NaN at every entry, and
+            writing the frozen values back cannot repair the free ones
+            (:doc:`/chapters/03_gradient_masking`).
 
     Returns:
         ``None``; the variables change in place.
