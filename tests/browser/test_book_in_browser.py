@@ -49,6 +49,10 @@ INSPECT = """async () => {
     brokenImages: images
       .filter((img) => !(img.complete && img.naturalWidth > 0))
       .map((img) => img.getAttribute("src")),
+    // A Markdown table that was not parsed shows its pipes and dashes as text.
+    rawTables: [...document.querySelectorAll("article p")]
+      .filter((p) => /\\|\\s*[-\u2014:]{2,}\\s*\\|/.test(p.textContent))
+      .map((p) => p.textContent.trim().slice(0, 60)),
     missingAlt: [...document.querySelectorAll("article img")]
       .filter((img) => !(img.getAttribute("alt") || "").trim())
       .map((img) => img.getAttribute("src")),
@@ -142,6 +146,9 @@ def test_page(page, relative):
     assert not found["texErrors"], f"{relative}: TeX errors {found['texErrors']}"
     assert not found["brokenImages"], f"{relative}: images {found['brokenImages']}"
     assert not found["brokenFonts"], f"{relative}: fonts {found['brokenFonts']}"
+    assert not found["rawTables"], (
+        f"{relative}: Markdown tables shown as text: {found['rawTables']}"
+    )
     assert not found["missingAlt"], (
         f"{relative}: images without alt text {found['missingAlt']}"
     )
