@@ -116,6 +116,16 @@ def test_symbolic_bool_mask_is_accepted():
     np.testing.assert_array_equal(grad(tf.constant([False, True, False])), [0, 5, 0])
 
 
+@pytest.mark.parametrize("mode", ["eager", "function", "xla"])
+@pytest.mark.parametrize("free", [True, False])
+def test_a_scalar_stays_a_scalar(mode, free):
+    y, grad = _forward_and_gradient(
+        partially_trainable, np.float32(2.0), free, np.float32(3.0), mode=mode
+    )
+    assert y.shape == grad.shape == ()
+    assert y == 2.0 and grad == (3.0 if free else 0.0)
+
+
 def test_where_form_keeps_special_values_bit_exact():
     x = tf.constant([np.inf, -0.0, np.nan, 1.0])
     y = partially_trainable(x, [True, True, True, False])

@@ -32,10 +32,13 @@ def bool_constant(array):
 
     >>> keras.ops.convert_to_numpy(bool_constant([[True, False]]))
     array([[ True, False]])
+    >>> bool_constant(True).shape  # a scalar mask stays a scalar
+    TensorShape([])
     """
     # tf.constant of a large bool array is slow (seconds at 4096 x 4096 inside
     # tf.function); the same bytes as uint8 are copied at once and cast.
-    array = np.ascontiguousarray(array, dtype=bool)
+    # (np.ascontiguousarray would turn a 0-d mask into a 1-d one.)
+    array = np.require(np.asarray(array, dtype=bool), requirements="C")
     return tf.cast(tf.constant(array.view(np.uint8)), tf.bool)
 
 
