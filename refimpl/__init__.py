@@ -45,24 +45,9 @@ The ways fall in two families:
   :class:`FreezeEntries <refimpl.constraints.FreezeEntries>`).
 
 The top level holds what a model needs, each name also in the submodule it
-comes from: :mod:`refimpl.convert` (:func:`partialize
-<refimpl.convert.partialize>` and :func:`merge <refimpl.convert.merge>`; its
-:func:`~refimpl.convert.partial_layers`, which lists a converted model's
-partial layers, is not at the top level), :mod:`refimpl.layers`,
-:mod:`refimpl.variable`, :mod:`refimpl.files`, :mod:`refimpl.constraints`,
-:mod:`refimpl.drop_and_grow` (:class:`DropAndGrow
-<refimpl.drop_and_grow.DropAndGrow>`; its :func:`~refimpl.drop_and_grow.regrow`
-stays in the submodule) and :mod:`refimpl.optimizers` (:class:`MaskedOptimizer
-<refimpl.optimizers.MaskedOptimizer>`; its function forms stay in the
-submodule). The rest lives in submodules only: :mod:`refimpl.masks` (masks and
-index lists), :mod:`refimpl.ops` (compose, the sparse product, the choice of
-form), :mod:`refimpl.structured` (diagonal, band and block matrices and their
-products), :mod:`refimpl.selection` (which entries to train),
-:mod:`refimpl.trainability` (what trains in a converted model),
-:mod:`refimpl.testing` (checks), :mod:`refimpl.plotting`,
-:mod:`refimpl.backend`, and :mod:`refimpl.tf`, the TensorFlow-level teaching
-code. Everything but :mod:`refimpl.tf` runs on every Keras backend: TensorFlow,
-JAX and PyTorch.
+comes from; everything else lives in the submodules, and all of it but
+:mod:`refimpl.tf`, the TensorFlow-level teaching code, runs on every Keras
+backend (TensorFlow, JAX and PyTorch).
 """
 
 __version__ = "2.4.3"

@@ -1,7 +1,7 @@
 """A model in and out: :func:`partialize` converts, :func:`merge` folds back.
 
-A converted model saves as any Keras model, and loads in a process that has
-imported ``refimpl`` (which registers the partial classes with Keras):
+A converted model saved and loaded back (:ref:`Saving and loading
+<api-saving>` says what a fresh process needs):
 
 >>> import os, tempfile
 >>> import refimpl
@@ -19,6 +19,8 @@ True
 """
 
 from __future__ import annotations
+
+import gc
 
 import keras
 import numpy as np
@@ -105,9 +107,9 @@ def partialize(
             or weight, a mask that does not fit, or a ``LayoutMap`` entry for a
             partial weight that does not fit it.
 
-    On many devices (``keras.distribution``, ``tf.distribute``), the API
-    page's section :ref:`many devices <api-many-devices>` says how to convert,
-    lay out and train.
+    On many devices (``keras.distribution``, ``tf.distribute``), the section
+    :ref:`Many devices <api-many-devices>` says how to convert, lay out and
+    train.
 
     >>> from refimpl import partialize
     >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")])
@@ -309,7 +311,8 @@ def merge(model, *, in_place: bool = False):
         merged = _copy(model, "merge")
     for layer in _compat.sub_layers(merged):
         if isinstance(layer, PartialWeightMixin):
-            layer.fold()
+            layer._fold()
+    gc.collect()  # once, for the variables every fold removed
     unmark_hosts(merged)
     _uncompile(merged)
     left = [

@@ -1,8 +1,16 @@
 """Validate and convert masks and index lists.
 
 Every public function of `refimpl` that takes a ``mask``, ``masks`` or
-``trainable_mask`` argument accepts the same two spellings below and sends them
-through :func:`to_mask`, with these exceptions, the only ones:
+``trainable_mask`` argument accepts two spellings and sends them through
+:func:`to_mask`:
+
+* a **boolean mask** of exactly the tensor's shape (``True`` = trainable), given
+  as a NumPy array, a nested list, or an eager ``tf.Tensor``; a floating-point
+  array of 0.0/1.0 values is accepted too, as produced by ``tf.cast(mask, float)``;
+* an **index list** of shape ``[k, rank]``, integers, one row per trainable
+  position, as taken by ``tf.scatter_nd`` and ``tf.gather_nd``.
+
+The exceptions, the only ones:
 
 * :func:`refimpl.ops.choose_mode` takes a boolean or 0.0/1.0 mask alone, and
   :func:`mask_to_indices` a boolean mask alone;
@@ -16,19 +24,15 @@ through :func:`to_mask`, with these exceptions, the only ones:
   in [0, 1] that scale the update.
 
 The ``positions`` of :func:`refimpl.ops.compose` and
-:func:`refimpl.ops.sparse_matmul` may also be flat positions. The two
-spellings:
+:func:`refimpl.ops.sparse_matmul` may also be flat positions.
 
-* a **boolean mask** of exactly the tensor's shape (``True`` = trainable), given
-  as a NumPy array, a nested list, or an eager ``tf.Tensor``; a floating-point
-  array of 0.0/1.0 values is accepted too, as produced by ``tf.cast(mask, float)``;
-* an **index list** of shape ``[k, rank]``, integers, one row per trainable
-  position, as taken by ``tf.scatter_nd`` and ``tf.gather_nd``.
-
-Integer arrays are read as index lists, never as 0/1 masks. An integer array of
-the tensor's own shape whose values are all 0 or 1 is ambiguous (for a tensor of
-shape ``(k, rank)`` it could be either) and raises a ``TypeError``: pass a boolean
-mask, or :func:`indices_to_mask` to mean indices.
+Integer arrays are read as index lists, never as 0/1 masks. So an integer array
+of exactly the tensor's shape raises a ``TypeError`` (pass a boolean mask, or
+:func:`indices_to_mask` to mean indices), unless it can only be an index list:
+for a tensor of shape ``(k, rank)``, such as ``(3, 2)``, one that holds a value
+other than 0 and 1. The ``positions`` of :func:`refimpl.ops.compose` and
+:func:`refimpl.ops.sparse_matmul`, which name positions only, read an integer
+array of the tensor's shape as an index list.
 
 Masks are static: they fix the *structure* of a model, so they are plain NumPy
 values, known when the graph is traced.

@@ -1,12 +1,12 @@
 """Choosing which entries to train: seeded, deterministic masks.
 
 Each mask function returns a boolean NumPy mask (``True`` = trainable) of the
-weight's shape. The ones that pick a number of entries, :func:`random_mask` at
-random and the three that keep the highest scores (magnitude, Fisher, top-k),
+weight's shape. The ones that pick a number of entries (:func:`random_mask` at
+random, and the three that keep the highest scores: magnitude, Fisher, top-k)
 take exactly one of ``k``, an int from 0 to the weight's size, and
-``fraction``, a number from 0 to 1, and have exactly ``k`` trainable entries, or
-``round(fraction * size)`` of them (Python's rounding, half to even:
-``round(2.5)`` is 2).
+``fraction``, a number from 0 to 1. Their mask has exactly ``k`` trainable
+entries, or ``round(fraction * size)`` of them (Python's rounding, half to
+even: ``round(2.5)`` is 2).
 :func:`fisher_scores` returns the scores themselves:
 
 * :func:`random_mask`: uniformly at random, from a seed;
@@ -53,7 +53,7 @@ __all__ = [
 
 
 def random_mask(shape, *, k=None, fraction=None, seed: int = 0) -> np.ndarray:
-    """``k`` (or ``fraction`` of the) entries chosen uniformly at random.
+    """``k`` entries (or a ``fraction`` of them), chosen uniformly at random.
 
     Returns:
         A boolean NumPy array of ``shape``.
@@ -185,7 +185,7 @@ def fisher_mask(scores, *, k=None, fraction=None) -> np.ndarray:
     the top entries of one kernel, and hand that mask to ``partialize``.
 
     >>> from refimpl import partialize
-    >>> from refimpl.selection import fisher_scores
+    >>> from refimpl.selection import fisher_mask, fisher_scores
     >>> layers = [keras.Input((4,)), keras.layers.Dense(3, name="d")]
     >>> model = keras.Sequential(layers, name="net")
     >>> x = np.random.default_rng(0).normal(size=(8, 4))

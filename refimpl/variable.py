@@ -61,9 +61,11 @@ class PartialVariable(keras.layers.Layer):
     composes it as ``"delta"`` does. With ``"auto"``,
     :func:`refimpl.ops.choose_mode` picks one when it is built. When it picks
     ``"sparse"`` or ``"delta"`` (the same weights), :attr:`auto` is ``True``
-    and :meth:`matmul` chooses between the two again each time it is traced:
-    ``"sparse"`` below :data:`~refimpl.ops.SPARSE_BELOW_DENSITY_XLA` free when
-    XLA compiles the step, the built form otherwise.
+    and :meth:`matmul` chooses between the two again each time it is traced
+    (:meth:`product_mode`): when XLA compiles the step (always under JAX),
+    ``"sparse"`` below :data:`~refimpl.ops.SPARSE_BELOW_DENSITY_XLA` free and
+    ``"delta"`` from there on, whichever form was built; without XLA, the
+    built form.
 
     Args:
         initial_value: the dense starting tensor (floating point). Its
@@ -210,7 +212,14 @@ class PartialVariable(keras.layers.Layer):
     @property
     def mask(self) -> np.ndarray:
         """The boolean mask (``True`` = free), a NumPy array of shape
-        :attr:`pv.shape <shape>`."""
+        :attr:`pv.shape <shape>`.
+
+        >>> from refimpl import PartialVariable
+        >>> pv = PartialVariable(np.zeros((2, 3), "float32"), [[1, 2], [0, 1]])
+        >>> pv.mask.astype(int)
+        array([[0, 1, 0],
+               [0, 0, 1]])
+        """
         self._check_loaded()
         mask = np.zeros(int(np.prod(self._shape)), bool)
         mask[backend.read_now(self.positions)] = True
@@ -218,7 +227,15 @@ class PartialVariable(keras.layers.Layer):
 
     @property
     def indices(self) -> np.ndarray:
-        """The ``[k, rank]`` int64 positions of the free values, in their order."""
+        """The ``[k, rank]`` int64 positions of the free values, in their order
+        (row-major, whatever the order of the index list given).
+
+        >>> from refimpl import PartialVariable
+        >>> pv = PartialVariable(np.zeros((2, 3), "float32"), [[1, 2], [0, 1]])
+        >>> pv.indices
+        array([[0, 1],
+               [1, 2]])
+        """
         self._check_loaded()
         flat = backend.read_now(self.positions).astype(np.int64)
         return np.stack(np.unravel_index(flat, self._shape), axis=-1)
@@ -230,6 +247,14 @@ class PartialVariable(keras.layers.Layer):
             A backend tensor of shape :attr:`pv.shape <shape>`; inside a
             layer's ``call`` in the layer's compute dtype (mixed precision),
             elsewhere in the weights' dtype.
+
+        >>> from refimpl import PartialVariable
+        >>> w = np.array([[1.0, 2.0], [3.0, 4.0]], "float32")
+        >>> pv = PartialVariable(w, [[0, 1]])
+        >>> _ = pv.free.assign([9.0])  # the one free value: entry (0, 1)
+        >>> keras.ops.convert_to_numpy(pv.value())
+        array([[1., 9.],
+               [3., 4.]], dtype=float32)
         """
         self._check_loaded()
         base, free = self.base.value, self.free.value  # autocast in a call
@@ -255,6 +280,11 @@ class PartialVariable(keras.layers.Layer):
         Raises:
             ValueError: if the tensor is not a matrix, or ``x``'s last axis
                 is not the matrix's first.
+
+        >>> from refimpl import PartialVariable
+        >>> pv = PartialVariable(np.eye(2, dtype="float32"), [[0, 1]], mode="sparse")
+        >>> keras.ops.convert_to_numpy(pv.matmul(np.ones((1, 2), "float32")))
+        array([[1., 1.]], dtype=float32)
         """
         if len(self._shape) != 2:
             raise ValueError(

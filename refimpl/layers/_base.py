@@ -148,6 +148,15 @@ class StructuredDense(keras.layers.Dense):
 
         Raises:
             ValueError: if the layer is not built.
+
+        >>> from refimpl import DiagonalDense
+        >>> layer = DiagonalDense()  # the diagonal starts at ones
+        >>> layer.build((None, 3))
+        >>> dense = layer.to_dense()
+        >>> type(dense).__name__, dense.get_weights()[0].astype(int)
+        ('Dense', array([[1, 0, 0],
+               [0, 1, 0],
+               [0, 0, 1]]))
         """
         if not self.built:
             raise ValueError(

@@ -149,7 +149,10 @@ for _plain, _targets in (
     _make(_plain, _targets)
 assert _PLAIN_TO_PARTIAL[keras.layers.Dense] is PartialDense
 
-#: The partial class of every Keras layer class supported from the start.
+#: The partial class of each supported Keras layer class, a read-only mapping
+#: (``PARTIAL_CLASSES[keras.layers.Dense]`` is ``PartialDense``): every class
+#: supported from the start, and a class made on first use (keras-hub's) once
+#: :func:`partial_class` has made it.
 PARTIAL_CLASSES = types.MappingProxyType(_PLAIN_TO_PARTIAL)
 
 

@@ -31,6 +31,8 @@ their bits under every optimizer. A reloaded layer has the same weights bit for 
 
 from __future__ import annotations
 
+import gc
+
 import keras
 import numpy as np
 
@@ -204,6 +206,14 @@ class PartialWeightMixin:
 
         Returns:
             ``None``; the layer changes in place.
+
+        >>> from refimpl import enable_partial
+        >>> layer = keras.layers.Dense(2)
+        >>> layer.build((None, 3))
+        >>> enable_partial(layer, [[0, 0]])
+        >>> layer.freeze_rest()
+        >>> [w.name for w in layer.trainable_weights]  # the bias no more
+        ['partial_free']
         """
         for variable in self.weights:
             if variable is not getattr(self, "partial_free", None):
@@ -278,6 +288,13 @@ class PartialWeightMixin:
             The form, as a ``str``. For a layer built with ``mode="auto"``
             that resolved to ``"sparse"`` or ``"delta"``, one of those two by
             whether XLA compiles the step; otherwise :attr:`partial_mode`.
+
+        >>> from refimpl import enable_partial
+        >>> layer = keras.layers.Dense(100)
+        >>> layer.build((None, 100))
+        >>> enable_partial(layer, [[0, 0]], mode="auto")  # 1 of 10,000 free
+        >>> layer.partial_mode, layer.product_mode()  # sparse with or without XLA
+        ('sparse', 'sparse')
         """
         if not self._partial_auto or not xla_enabled():
             return self._partial_mode
@@ -352,12 +369,28 @@ class PartialWeightMixin:
 
         Returns:
             ``None``; the layer itself now has the plain class.
+
+        >>> from refimpl import enable_partial
+        >>> layer = keras.layers.Dense(2)
+        >>> layer.build((None, 3))
+        >>> enable_partial(layer, [[0, 0]])
+        >>> layer.fold()
+        >>> type(layer).__name__, [w.name for w in layer.trainable_weights]
+        ('Dense', ['kernel', 'bias'])
         """
+        self._fold()
+        gc.collect()  # what Keras does when a variable is deleted: free its buffer
+
+    def _fold(self) -> None:
+        """``fold`` without the garbage collection, for a whole model at once."""
         self._partial_check_loaded()
         value = keras.ops.convert_to_numpy(getattr(self, self._partial_target))
         base = self._partial_base()
-        del self.partial_free
-        del self.partial_positions
+        for name in ("partial_free", "partial_positions"):
+            # Keras' Layer.__delattr__ without its gc.collect() per variable,
+            # which took most of the time of merging a model of many layers.
+            self._untrack_variable(getattr(self, name))
+            super(keras.layers.Layer, self).__delattr__(name)
         for name in (
             "_partial_num_free",
             "_partial_mode",
@@ -385,6 +418,15 @@ class PartialWeightMixin:
         Returns:
             A new, built layer of the plain Keras class (a ``Conv2D`` for a
             ``PartialConv2D``); this layer is unchanged.
+
+        >>> from refimpl import enable_partial
+        >>> layer = keras.layers.Dense(2)
+        >>> layer.build((None, 3))
+        >>> enable_partial(layer, [[0, 0]])
+        >>> plain = layer.to_dense()
+        >>> composed = keras.ops.convert_to_numpy(layer.kernel)
+        >>> type(plain).__name__, bool(np.array_equal(plain.get_weights()[0], composed))
+        ('Dense', True)
         """
         plain_class = self._partial_plain_class()
         plain = plain_class.from_config(plain_class.get_config(self))

@@ -20,7 +20,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
     """Wrap a Keras optimizer so that only the entries in each mask are updated.
 
     Every option of the update (learning rate and its schedule, clipping,
-    ``weight_decay``, EMA, ``gradient_accumulation_steps``,
+    ``weight_decay``, EMA (``use_ema``), ``gradient_accumulation_steps``,
     ``loss_scale_factor``) belongs to the inner optimizer; the wrapper refuses
     them, as ``LossScaleOptimizer`` does. ``learning_rate`` and
     ``iterations`` are the inner optimizer's, so callbacks such as
@@ -35,7 +35,11 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             trainable entries; a floating-point mask in [0, 1] scales each
             entry's update. Variables not listed train in full.
         restore_frozen: write the frozen entries (mask ``False`` or 0.0) back
-            after every update, and after EMA finalization: the frozen entries are
+            after every update, and after EMA finalization (with an inner
+            optimizer made with ``use_ema=True``, `Keras keeps a moving average
+            <https://keras.io/api/optimizers/>`__ of each weight and writes it
+            over the weight when ``fit`` ends, in
+            ``finalize_variable_values``): the frozen entries are
             exact under every optimizer, for one copy of each masked variable
             per step. Under Adafactor, where a fully frozen row meets a fully
             frozen column, the free entries still become NaN: the update is
