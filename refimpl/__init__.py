@@ -26,6 +26,8 @@ plain Keras layers.
 >>> [type(layer).__name__ for layer in plain.layers]
 ['Dense', 'Dense']
 
+.. _api-families:
+
 The ways fall in two families:
 
 * **reparametrize**: build the tensor from free values and fixed values, so
@@ -39,10 +41,17 @@ The ways fall in two families:
   and the structured layers
   (:class:`DiagonalDense <refimpl.layers.structured.DiagonalDense>`,
   :class:`BandedDense <refimpl.layers.structured.BandedDense>`,
-  :class:`BlockDense <refimpl.layers.block.BlockDense>`);
+  :class:`BlockDense <refimpl.layers.block.BlockDense>`). Use these by
+  default;
 * **restrict the update**: keep one full variable and filter its update
   (:class:`MaskedOptimizer <refimpl.optimizers.MaskedOptimizer>`,
-  :class:`FreezeEntries <refimpl.constraints.FreezeEntries>`).
+  :class:`FreezeEntries <refimpl.constraints.FreezeEntries>`), for a weight
+  that must stay one full-size variable of the model. The gradient, the update
+  and the optimizer state stay full-size, frozen entries included, and the
+  frozen entries are exact under every optimizer only with
+  ``MaskedOptimizer(..., restore_frozen=True)`` or ``FreezeEntries``: a masked
+  gradient alone lets an optimizer with :term:`decoupled weight decay` (AdamW)
+  move them.
 
 The top level holds what a model needs, each name also in the submodule it
 comes from; everything else lives in the submodules, and all of it but

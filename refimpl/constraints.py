@@ -1,20 +1,14 @@
 """Re-impose frozen values after every optimizer update: :class:`FreezeEntries`.
 
-This is the *restrict the update* family in its most robust form. The weight
-stays one full variable, the optimizer updates every entry of it (weight decay
-included), and then Keras applies the variable's constraint (a
+The most robust way to restrict the update (:ref:`the two families
+<api-families>`): the optimizer updates every entry of the full variable
+(weight decay included), and then Keras applies the variable's constraint (a
 `keras.constraints.Constraint <https://keras.io/api/layers/constraints/>`__),
 which writes the frozen values back. Keras 3 applies constraints after the
 whole update, so the frozen entries end every step with their exact bits, under
 any optimizer, on one device and across replicas with any :term:`aggregation`
 but ``SUM`` (which adds the replicas' writes: keep the default aggregation under
 `tf.distribute <https://www.tensorflow.org/api_docs/python/tf/distribute>`__).
-
-What it does not save: the gradient, the update and the optimizer state (Adam's
-two moments, for one) are still computed and stored for every entry of the
-variable. When only a few entries are free, a reparametrized layer such as
-:class:`refimpl.PartialDense <refimpl.layers.dense.PartialDense>` keeps only those few
-as state.
 """
 
 from __future__ import annotations
@@ -110,13 +104,25 @@ class FreezeEntries(keras.constraints.Constraint, _compat.KerasSaveable):
 
     @property
     def mask(self) -> np.ndarray:
-        """The boolean mask, ``True`` where the entry may change."""
+        """The boolean mask, ``True`` where the entry may change.
+
+        >>> from refimpl import FreezeEntries
+        >>> FreezeEntries(np.array([1.0, 2.0, 3.0], "float32"), [[1]]).mask
+        array([False,  True, False])
+        """
         self._check_loaded()
         return self._mask.copy()
 
     @property
     def values(self) -> np.ndarray:
-        """The frozen values, a NumPy array (0-d for a scalar, else full size)."""
+        """The frozen values, a NumPy array (0-d for a scalar, else full size).
+
+        >>> from refimpl import FreezeEntries
+        >>> FreezeEntries(0.0, [True, False]).values
+        array(0.)
+        >>> FreezeEntries(np.array([1.0, 2.0], "float32"), [True, False]).values
+        array([1., 2.], dtype=float32)
+        """
         self._check_loaded()
         return self._values.copy()
 

@@ -58,9 +58,9 @@ def partialize(
     the chosen layers' biases (:mod:`refimpl.trainability`), unless ``train``
     names them. Weights and structure are unchanged: before training, the
     outputs equal the original's bit for bit. An elementwise kernel regularizer
-    (L1, L2) now penalizes the free entries alone. Their gradients are
-    unchanged; the loss that ``fit`` reports is lower by the frozen entries'
-    share of the penalty.
+    (L1, L2) now penalizes the free entries alone. The free entries' gradients
+    are unchanged; the loss that ``fit`` reports is lower by the frozen
+    entries' share of the penalty.
 
     A key (of ``layer_masks`` or ``train``) matches a layer by its name, its
     weight's path, or the end of the path (``"query/kernel"``, ``"query"``), at

@@ -26,13 +26,14 @@ The exceptions, the only ones:
 The ``positions`` of :func:`refimpl.ops.compose` and
 :func:`refimpl.ops.sparse_matmul` may also be flat positions.
 
-Integer arrays are read as index lists, never as 0/1 masks. So an integer array
-of exactly the tensor's shape raises a ``TypeError`` (pass a boolean mask, or
-:func:`indices_to_mask` to mean indices), unless it can only be an index list:
-for a tensor of shape ``(k, rank)``, such as ``(3, 2)``, one that holds a value
-other than 0 and 1. The ``positions`` of :func:`refimpl.ops.compose` and
-:func:`refimpl.ops.sparse_matmul`, which name positions only, read an integer
-array of the tensor's shape as an index list.
+Integer arrays are read as index lists, never as 0/1 masks. An integer array
+with the tensor's own shape is ambiguous and raises ``TypeError``: pass a
+boolean mask, or call :func:`indices_to_mask` to mean indices. The one
+exception: if the tensor's shape is itself ``[k, rank]`` (say ``(3, 2)``) and
+the array holds a value other than 0 and 1, it can only be an index list, and
+is read as one. (The ``positions`` of :func:`refimpl.ops.compose` and
+:func:`refimpl.ops.sparse_matmul` name positions only: they read any integer
+array as an index list.)
 
 Masks are static: they fix the *structure* of a model, so they are plain NumPy
 values, known when the graph is traced.

@@ -201,12 +201,24 @@ class PartialVariable(keras.layers.Layer):
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """The shape of the dense tensor."""
+        """The shape of the dense tensor.
+
+        >>> from refimpl import PartialVariable
+        >>> PartialVariable(np.zeros((2, 3), "float32"), [[0, 1]]).shape
+        (2, 3)
+        """
         return self._shape
 
     @property
     def num_free(self) -> int:
-        """The number of trainable entries."""
+        """The number of trainable entries.
+
+        >>> from refimpl import PartialVariable
+        >>> w = np.zeros((2, 3), "float32")
+        >>> pv = PartialVariable(w, [[0, 1], [1, 2]], mode="select")
+        >>> pv.num_free, tuple(pv.free.shape)  # the select form's free is full-size
+        (2, (2, 3))
+        """
         return self._num_free
 
     @property
@@ -309,8 +321,17 @@ class PartialVariable(keras.layers.Layer):
         """The form :meth:`matmul` uses here: ``"sparse"``, ``"delta"`` or ``"select"``.
 
         Returns:
-            A ``str``, :attr:`mode`; with :attr:`auto`, it also depends on
-            whether XLA compiles the code being traced.
+            A ``str``: :attr:`mode`, with one exception. Built in the
+            ``"sparse"`` form by ``mode="auto"`` (:attr:`auto`), it gives
+            ``"delta"`` when XLA compiles the code being traced and at least
+            :data:`~refimpl.ops.SPARSE_BELOW_DENSITY_XLA` of the entries are
+            free.
+
+        >>> from refimpl import PartialVariable
+        >>> w = np.zeros((100, 100), "float32")
+        >>> pv = PartialVariable(w, [[0, 0]], mode="auto")  # 1 of 10,000 free
+        >>> pv.mode, pv.auto, pv.product_mode()  # sparse with or without XLA
+        ('sparse', True, 'sparse')
         """
         if not self.auto or not xla_enabled():
             return self.mode

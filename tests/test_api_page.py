@@ -1,10 +1,12 @@
 """The API page states the values of the `choose_mode` thresholds it names.
 
-The table of forms on ``appendices/api.md`` writes each threshold of
-``refimpl.ops`` as its ``{data}`` role followed by its value as a percentage,
-``{data}`~refimpl.ops.SPARSE_BELOW_DENSITY` (0.5 %)``. A typed number goes
-stale, so the expected text is computed here from the constant itself: change
-a constant without updating the page and this test fails.
+The table of forms on ``appendices/api.md``, and the paragraph on XLA under
+it, write each threshold of ``refimpl.ops`` as its ``{data}`` role followed by
+its value as a percentage, ``{data}`~refimpl.ops.SPARSE_BELOW_DENSITY`
+(0.5 %)``. A typed number goes stale, so the expected text is computed here
+from the constant itself: change a constant without updating the page and
+this test fails. A percentage written anywhere else on the page, away from
+its role, would escape that check, so none may be.
 """
 
 from __future__ import annotations
@@ -50,6 +52,33 @@ def test_threshold_value_is_on_the_page(name):
         f"api.md writes {name} as {stated}, but refimpl.ops.{name} is "
         f"{getattr(ops, name)!r} ({expected}): update the page"
     )
+
+
+_PERCENT = r"\d(?:[\d.]*\d)? ?%"
+
+
+def unchecked_percentages(text: str) -> list[str]:
+    """Every percentage in ``text`` that does not follow a threshold's role."""
+    written = re.findall(_PERCENT, text)
+    roles = r"\{data\}`~refimpl\.ops\.(?:" + "|".join(THRESHOLDS) + ")`"
+    checked = re.findall(roles + rf" \(({_PERCENT})\)", text)
+    for value in checked:
+        written.remove(value)
+    return written
+
+
+def test_every_percentage_follows_its_role():
+    assert unchecked_percentages(API_PAGE.read_text()) == [], (
+        "api.md writes a percentage away from the {data} role of its "
+        "refimpl.ops constant, where no test checks it: write the role before it"
+    )
+
+
+def test_a_stray_percentage_is_found():
+    role = "{data}`~refimpl.ops.SELECT_ABOVE_DENSITY` (12.5 %)"
+    assert unchecked_percentages(role) == []
+    assert unchecked_percentages(role + ", or 12.5 % free") == ["12.5 %"]
+    assert unchecked_percentages("at 0.3% free") == ["0.3%"]
 
 
 @pytest.mark.parametrize("name", THRESHOLDS)

@@ -5,8 +5,9 @@ trainable only at some entries (``PartialConv2D`` of ``Conv2D``;
 :class:`PartialDense <refimpl.layers.dense.PartialDense>` of ``Dense``). The
 layers:
 
-* :class:`PartialDense <refimpl.layers.dense.PartialDense>` and the partial classes of
-  :mod:`refimpl.layers.partial`:
+* :class:`PartialDense <refimpl.layers.dense.PartialDense>` and the partial classes
+  made in :mod:`refimpl.layers.classes` (their shared mechanism:
+  :mod:`refimpl.layers.partial`):
   a Keras layer's own weight as the frozen base, with ``k`` free values
   (what :func:`refimpl.partialize <refimpl.convert.partialize>` and
   :func:`refimpl.enable_partial <refimpl.layers.enable.enable_partial>` make);

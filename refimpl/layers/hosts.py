@@ -7,10 +7,11 @@ configs hold their own arguments, not their sub-layers' configs, so a model
 rebuilt from its config has *plain* sub-layers where the saved model had
 partial ones, and their saved weights do not fit.
 
-The layer that rebuilds them is the partial layers' **host**: the outermost
-layer between the model and a partial layer whose config does not hold its
-sub-layers (every layer except a plain functional or ``Sequential`` model and
-the wrappers ``TimeDistributed`` and ``Bidirectional``). :func:`mark_hosts`
+A **host** is a layer whose config does not record its sub-layers (any layer
+except a plain functional or ``Sequential`` model and the wrappers
+``TimeDistributed`` and ``Bidirectional``; a subclass of a model, such as a
+keras-hub backbone, is a host: :func:`is_container`). A partial layer's host
+is the outermost such layer above it, if any. :func:`mark_hosts`
 gives each host a subclass of its own class (``PartialMultiHeadAttention``,
 ``PartialGPT2Backbone``) whose config adds what its partial sub-layers need:
 their paths, free counts and modes, and which sub-layers are frozen. Loading

@@ -252,7 +252,17 @@ class PartialWeightMixin:
     # -- what it is --------------------------------------------------------------
     @property
     def trainable_mask(self) -> np.ndarray:
-        """The boolean mask of the partial weight (``True`` = trainable)."""
+        """The boolean mask of the partial weight (``True`` = trainable).
+
+        >>> from refimpl import enable_partial
+        >>> layer = keras.layers.Dense(2)
+        >>> layer.build((None, 3))
+        >>> enable_partial(layer, [[0, 1], [2, 0]])
+        >>> layer.trainable_mask.astype(int)
+        array([[0, 1],
+               [0, 0],
+               [1, 0]])
+        """
         self._partial_require_built("trainable_mask")
         self._partial_check_loaded()
         base = self._partial_base()
@@ -264,13 +274,29 @@ class PartialWeightMixin:
     def base_weight(self):
         """The layer's own weight variable (with its ``path``), now the frozen
         base; ``layer.kernel`` (``embeddings``) is the composed tensor, as under
-        Keras' LoRA."""
+        Keras' LoRA.
+
+        >>> from refimpl import enable_partial
+        >>> layer = keras.layers.Dense(2, name="d")
+        >>> layer.build((None, 3))
+        >>> enable_partial(layer, [[0, 1]])
+        >>> layer.base_weight.path, layer.base_weight.trainable
+        ('d/kernel', False)
+        """
         self._partial_require_built("base_weight")
         return self._partial_base()
 
     @property
     def num_free(self) -> int:
-        """The number of trainable entries of the partial weight."""
+        """The number of trainable entries of the partial weight.
+
+        >>> from refimpl import enable_partial
+        >>> layer = keras.layers.Dense(2)
+        >>> layer.build((None, 3))
+        >>> enable_partial(layer, [[0, 1], [2, 0]], mode="select")
+        >>> layer.num_free, tuple(layer.partial_free.shape)  # select: full-size
+        (2, (3, 2))
+        """
         self._partial_require_built("num_free")
         return self._partial_num_free
 
@@ -285,9 +311,13 @@ class PartialWeightMixin:
         """The form the product uses in the step being traced.
 
         Returns:
-            The form, as a ``str``. For a layer built with ``mode="auto"``
-            that resolved to ``"sparse"`` or ``"delta"``, one of those two by
-            whether XLA compiles the step; otherwise :attr:`partial_mode`.
+            The form, as a ``str``: :attr:`partial_mode`, with one exception.
+            A ``Dense`` layer whose kernel ``mode="auto"`` built in the
+            ``"sparse"`` form gives ``"delta"`` when XLA compiles the step
+            and at least :data:`~refimpl.ops.SPARSE_BELOW_DENSITY_XLA` of its
+            entries are free (the two forms hold the same weights). Every
+            other layer, ``EinsumDense`` and ``Embedding`` included, keeps its
+            built form.
 
         >>> from refimpl import enable_partial
         >>> layer = keras.layers.Dense(100)

@@ -1,8 +1,9 @@
 """Mask the gradients of full variables: :class:`MaskedOptimizer` and its helpers.
 
-The "restrict the update" family in its plainest form: the weight stays one
-full variable; the gradient of its frozen entries is replaced by zero (a
-``where``, never a product: ``0 * inf`` is NaN) before the optimizer sees it.
+The gradient of a full variable's frozen entries is replaced by zero (a
+``where``, never a product: ``0 * inf`` is NaN) before the optimizer sees it:
+the plainest way to restrict the update (:ref:`the two families
+<api-families>`).
 
 * :class:`MaskedOptimizer` wraps any Keras optimizer, the way
   ``keras.optimizers.LossScaleOptimizer`` does: it changes what reaches the

@@ -160,7 +160,13 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
 
     @property
     def inner(self):
-        """The wrapped optimizer (an alias of ``inner_optimizer``)."""
+        """The wrapped optimizer (an alias of ``inner_optimizer``).
+
+        >>> from refimpl import MaskedOptimizer
+        >>> opt = MaskedOptimizer("adam", [(keras.Variable([1.0, 2.0]), [True, False])])
+        >>> type(opt.inner).__name__, opt.inner is opt.inner_optimizer
+        ('Adam', True)
+        """
         return self.inner_optimizer
 
     def build(self, var_list):
