@@ -11,6 +11,7 @@ plain Keras layers.
 >>> hidden = keras.layers.Dense(8, name="hidden")
 >>> head = keras.layers.Dense(1, name="head")
 >>> model = keras.Sequential([keras.Input((16,)), hidden, head])
+>>> # a policy: weight -> mask
 >>> top_quarter = lambda w: refimpl.selection.magnitude_mask(w, fraction=0.25)
 >>> tuned = refimpl.partialize(model, {"hidden": top_quarter}, train=["head"])
 >>> [tuple(w.shape) for w in tuned.trainable_weights]  # 32 of 128, and the head

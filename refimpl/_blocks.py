@@ -33,10 +33,11 @@ def block(rows: Sequence[Sequence]):
         The dense matrix, the concatenation of the rows of blocks.
 
     Raises:
-        ValueError: for a ragged grid, a block that is not 2-D, blocks whose
-            heights or widths disagree, or a ``None`` block whose whole block
-            row or block column is ``None``.
-        TypeError: for blocks of different dtypes.
+        ValueError: for an empty or ragged grid, a block that is not 2-D,
+            blocks whose heights or widths disagree, or a ``None`` block whose
+            whole block row or block column is ``None``.
+        TypeError: for a grid that is not a list of lists, or blocks of
+            different dtypes.
 
     >>> import keras
     >>> from refimpl.structured import block
@@ -71,7 +72,10 @@ def block_matmul(x, rows: Sequence[Sequence]):
         A tensor of shape ``[batch, M]``, ``M`` the sum of the widths.
 
     Raises:
-        ValueError, TypeError: as for :func:`block`, or if ``x`` does not fit.
+        TypeError: as for :func:`block`, or for an ``x`` of another dtype than
+            the blocks.
+        ValueError: as for :func:`block`, or for an ``x`` whose last axis is
+            not the sum of the heights.
 
     >>> import keras
     >>> from refimpl.structured import block_matmul
@@ -133,19 +137,22 @@ def _grid(rows):
 
 
 def check_rectangular(rows, name: str) -> None:
-    """Check that ``rows`` is a non-empty, rectangular list of non-empty lists."""
+    """Check that ``rows`` is a non-empty, rectangular list of non-empty lists.
+
+    Raises ``TypeError`` for something that is not a list of lists (an array,
+    a string, a number) and ``ValueError`` for an empty or ragged grid.
+    """
     if (
         _is_array(rows)
         or isinstance(rows, str)
-        or not (
-            isinstance(rows, Sequence)
-            and rows
-            and all(
-                isinstance(r, Sequence) and not isinstance(r, str) and len(r) > 0
-                for r in rows
-            )
-        )
+        or not isinstance(rows, Sequence)
+        or not all(isinstance(r, Sequence) and not isinstance(r, str) for r in rows)
     ):
+        raise TypeError(
+            f"`{name}` must be a list of lists of blocks (block rows). "
+            f"Received: {name}={describe(rows)}"
+        )
+    if not rows or any(len(r) == 0 for r in rows):
         raise ValueError(
             f"`{name}` must be a non-empty list of non-empty lists of blocks. "
             f"Received: {name}={describe(rows)}"

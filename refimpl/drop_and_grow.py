@@ -26,9 +26,9 @@ Choices, each tested:
 * **The growth score** is the squared gradient of the loss with respect to
   the frozen base, summed over a few *probe* batches (``batches``) taken in
   turn from ``data``, at each update only: one extra forward and backward
-  pass per probe batch every ``every`` steps, and no dense gradient in the
-  training steps in between. The candidates are the entries not active before
-  the update, so a dropped entry is not grown back at once.
+  pass per probe batch once every ``every`` training steps, and no dense
+  gradient in the training steps in between. The candidates are the entries
+  not active before the update, so a dropped entry is not grown back at once.
 * ``k``, the number of free entries of each layer, stays the same, and so do
   the optimizer's state sizes (``k`` values per slot). The positions are kept
   sorted, with the free values and their optimizer state moved along.
@@ -118,9 +118,15 @@ def regrow(model, data, *, fraction, loss=None, batches=1, batch_size=32, start=
         ``grown`` (flat positions, NumPy arrays).
 
     Raises:
-        TypeError, ValueError: for bad arguments, naming them; ValueError for a
-            model with no trainable partial layer, or an optimizer whose state
-            cannot be reset per entry.
+        TypeError: for a ``model`` that is not a built Keras model, ``data``
+            that is not an ``(x, y)`` pair of arrays, a ``fraction`` that is
+            not a number, or a ``batches`` or ``batch_size`` that is not an int.
+        ValueError: for a ``fraction`` outside (0, 1), a ``batches`` or
+            ``batch_size`` below 1, an ``x`` and a ``y`` of different numbers
+            of rows (or none), no ``loss`` given or compiled, or one loss per
+            output; a model with no trainable partial layer, or one in the
+            ``"slices"`` form; or an optimizer whose state cannot be reset per
+            entry.
 
     >>> from refimpl.drop_and_grow import regrow
     >>> import refimpl
@@ -214,19 +220,22 @@ def _swap(layer, score, fraction, optimizer) -> dict:
 
 
 class DropAndGrow(keras.callbacks.Callback):
-    """Re-choose the free entries of every partial layer every ``every`` steps.
+    """Re-choose the partial layers' free entries once every ``every`` training steps.
 
     A Keras callback for ``fit``; :mod:`refimpl.drop_and_grow` lists its
-    choices (what a dropped and a grown entry start from, the growth score). At
-    the end of every ``every``-th training step, each trainable partial layer
-    drops ``round(fraction * k)`` of its ``k`` free entries, those that moved
-    least from their base value, and grows as many where the growth score,
-    the squared gradient on the base over ``batches`` probe batches of
-    ``data``, is largest.
+    choices (what a dropped and a grown entry start from, the growth score).
+    Once every ``every`` training steps, at the end of the step, each
+    trainable partial layer drops ``round(fraction * k)`` of its ``k`` free
+    entries, those that moved least from their base value, and grows as many
+    where the growth score, the squared gradient on the base over ``batches``
+    probe batches of ``data``, is largest.
 
     Args:
         data: ``(x, y)``, the probe data (a slice of the training data serves).
-        every: the steps between two updates (at least 1).
+        every: the training steps between two updates (at least 1), counted
+            in calls of ``on_train_batch_end``: with ``steps_per_execution``
+            above 1 Keras calls it once per execution, so ``every`` counts
+            executions.
         fraction: the share of each layer's free entries swapped, in (0, 1).
         batches: how many probe batches each update scores.
         batch_size: the rows of each probe batch.

@@ -97,9 +97,12 @@ def banded(diagonals: Sequence, offsets: Sequence[int]):
         The ``[n, n]`` dense matrix.
 
     Raises:
-        ValueError: for offsets that repeat, lengths that do not fit one ``n``,
-            or lists of different lengths.
-        TypeError: for non-integer offsets or diagonals of different dtypes.
+        ValueError: for empty lists or lists of different lengths, offsets
+            that repeat, a diagonal that is not 1-D, or lengths that do not
+            fit one ``n``.
+        TypeError: for ``offsets`` that are not a list of ints, ``diagonals``
+            that are not a list of floating-point vectors, or diagonals of
+            different dtypes.
 
     >>> import keras
     >>> from refimpl.structured import banded
@@ -140,8 +143,10 @@ def banded_matmul(x, diagonals: Sequence, offsets: Sequence[int]):
         A tensor of the shape of ``x``.
 
     Raises:
-        ValueError, TypeError: as for :func:`banded`, or if ``x`` does not
-            fit.
+        TypeError: as for :func:`banded`, or for an ``x`` of another dtype
+            than the diagonals.
+        ValueError: as for :func:`banded`, or for an ``x`` whose last axis is
+            not ``n``.
 
     >>> import keras
     >>> from refimpl.structured import banded_matmul

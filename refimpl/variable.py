@@ -76,11 +76,10 @@ class PartialVariable(keras.layers.Layer):
             ``"auto"``.
         **kwargs: base ``Layer`` arguments (``name``, ``dtype``).
 
-    Used by ``from_config`` only, and not in the signature above: ``shape``
-    and ``num_free``, with no ``initial_value`` or ``mask``, build an empty
-    :term:`shell` whose values and positions load with the weights of a saved
-    model; ``auto`` restores :attr:`auto` for a resolved ``"sparse"`` or
-    ``"delta"`` mode.
+    Loading passes three more arguments you never pass yourself: ``shape``
+    and ``num_free`` build an empty :term:`shell` that the saved weights fill,
+    and ``auto`` records that the mode was ``"auto"`` and chose ``"sparse"``
+    or ``"delta"`` (:attr:`auto`).
 
     Attributes:
         free: the trainable weight: the ``k`` free values in the order of

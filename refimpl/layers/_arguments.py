@@ -99,13 +99,22 @@ def float_array(value, name: str, *, max_ndim: int) -> np.ndarray:
 def given_sizes(sizes, count: int, name: str):
     if sizes is None:
         return [None] * count
-    if not isinstance(sizes, (list, tuple)) or len(sizes) != count:
+    if not isinstance(sizes, (list, tuple)):
+        raise TypeError(
+            f"`{name}` must be a list of {count} positive ints, one per "
+            f"block {name[:3]}. Received: {name}={describe(sizes)}"
+        )
+    if len(sizes) != count:
         raise ValueError(
             f"`{name}` must be a list of {count} positive ints, one per "
             f"block {name[:3]}. Received: {name}={describe(sizes)}"
         )
     for s in sizes:
-        if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s <= 0:
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
+            raise TypeError(
+                f"`{name}` must hold positive ints. Received: {name}={describe(sizes)}"
+            )
+        if s <= 0:
             raise ValueError(
                 f"`{name}` must hold positive ints. Received: {name}={describe(sizes)}"
             )

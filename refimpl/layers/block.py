@@ -46,9 +46,15 @@ class BlockDense(StructuredDense):
         **kwargs: base ``Layer`` arguments.
 
     Raises:
-        ValueError, TypeError: for a ragged grid, an unknown entry, blocks
-            whose heights or widths disagree, sizes that cannot be inferred,
-            or (when built) an input size other than the sum of the heights.
+        TypeError: for a grid that is not a list of lists, a fixed block whose
+            values are not numbers, or ``row_sizes`` or ``col_sizes`` that are
+            not lists of ints.
+        ValueError: for an empty or ragged grid, an unknown entry, a fixed
+            block that is not 2-D, blocks whose heights or widths disagree,
+            sizes that cannot be inferred, ``row_sizes`` or ``col_sizes`` of
+            another length than the block rows or columns or holding an int
+            below 1, or (when built) an input size other than the sum of the
+            heights.
 
     Its ``kernel``, ``trainable_mask`` and ``to_dense()`` are as for
     :class:`~refimpl.layers.structured.DiagonalDense`.

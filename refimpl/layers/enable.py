@@ -1,12 +1,11 @@
 """Make a built Keras layer partially trainable: :func:`enable_partial`.
 
 The partial classes are made in :mod:`refimpl.layers.classes`;
-:func:`~refimpl.layers.classes.partial_class` finds the one of a class. This
-module's ``__all__`` also lists names documented where they are defined
-(``PARTIAL_CLASSES``, ``partial_class``, ``supported_classes`` and
-``target_weight`` in :mod:`refimpl.layers.classes`, ``PartialDense`` in
-:mod:`refimpl.layers.dense`), and ``make_shell``, which the loaders call to
-rebuild a saved partial layer: it is internal, and a user does not need it.
+:func:`~refimpl.layers.classes.partial_class` finds the one of a class.
+``PARTIAL_CLASSES``, ``partial_class``, ``supported_classes``,
+``target_weight`` (:mod:`refimpl.layers.classes`) and ``PartialDense``
+(:mod:`refimpl.layers.dense`) also import from here, and are documented where
+they are defined.
 """
 
 from __future__ import annotations

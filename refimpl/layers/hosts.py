@@ -99,7 +99,10 @@ keras.saving.get_custom_objects()[HOST_NAME] = _Loader
 
 
 def host_class(plain: type) -> type:
-    """The host class of a layer class (made once, registered as ``PartialHost``).
+    """The host class of a layer class, made once.
+
+    Every host class is registered under one name, ``refimpl>PartialHost``
+    (its loader rebuilds the plain layer, then its partial sub-layers).
 
     >>> from refimpl.layers.hosts import host_class
     >>> host = host_class(keras.layers.MultiHeadAttention)

@@ -154,9 +154,11 @@ class BandedDense(StructuredDense):
         **kwargs: base ``Layer`` arguments.
 
     Raises:
-        ValueError, TypeError: for widths that are not ints ``>= 0``, or (when
-            built) not below ``n``, and for a ``fixed_diagonal`` of the wrong
-            length.
+        TypeError: for widths that are not ints (``BandedDense(1.5, 1)``), or
+            a ``fixed_diagonal`` that is not numbers.
+        ValueError: for negative widths (``BandedDense(-1, 1)``) or (when
+            built) widths not below ``n``, and for a ``fixed_diagonal`` of more
+            than one dimension or (when built) of a length other than ``n``.
 
     >>> from refimpl import BandedDense
     >>> layer = BandedDense(1, 1, fixed_diagonal=1.0)
@@ -244,10 +246,11 @@ class BandedDense(StructuredDense):
             A built ``BandedDense``; ``dense`` is unchanged.
 
         Raises:
-            TypeError: if ``dense`` is not a built ``keras.layers.Dense``.
-            ValueError: for a kernel that is not square, bad widths, non-zero
-                entries outside the band (unless ``project``), or a kernel
-                regularizer or constraint.
+            TypeError: if ``dense`` is not a built ``keras.layers.Dense``, or
+                for widths that are not ints.
+            ValueError: for a kernel that is not square, widths that are
+                negative or not below ``n``, non-zero entries outside the band
+                (unless ``project``), or a kernel regularizer or constraint.
 
         >>> from refimpl import BandedDense
         >>> dense = keras.layers.Dense(3, kernel_initializer="identity")

@@ -35,13 +35,12 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             trainable entries; a floating-point mask in [0, 1] scales each
             entry's update. Variables not listed train in full.
         restore_frozen: write the frozen entries (mask ``False`` or 0.0) back
-            after every update, and after EMA finalization (with an inner
-            optimizer made with ``use_ema=True``, `Keras keeps a moving average
-            <https://keras.io/api/optimizers/>`__ of each weight and writes it
-            over the weight when ``fit`` ends, in
-            ``finalize_variable_values``): the frozen entries are
-            exact under every optimizer, for one copy of each masked variable
-            per step. Under Adafactor, where a fully frozen row meets a fully
+            after every update, so that they are exact under every optimizer,
+            at the cost of one extra copy of each masked variable and one
+            ``where`` per step. With ``use_ema=True`` (on the inner optimizer)
+            it also restores them after Keras writes the `moving average
+            <https://keras.io/api/optimizers/>`__ over the weights at the end
+            of ``fit``. Under Adafactor, where a fully frozen row meets a fully
             frozen column, the free entries still become NaN: the update is
             already NaN at every entry, and writing the frozen values back
             cannot repair the free ones
@@ -72,6 +71,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
 
     In a model, wrap the optimizer given to ``compile``:
 
+    >>> from refimpl import MaskedOptimizer
     >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     >>> kernel = model.layers[0].kernel
     >>> masked = MaskedOptimizer("adam", [(kernel, [[True], [False]])])
