@@ -248,8 +248,8 @@ def sparse_matmul(x, base, positions, free):
     lead = tuple(x.shape[:-1])
     flat_x = keras.ops.reshape(x, (-1, n_in))
     dtype = flat_x.dtype
-    base = keras.ops.cast(keras.ops.convert_to_tensor(base), dtype)
-    free = keras.ops.cast(keras.ops.convert_to_tensor(free), dtype)
+    base = keras.ops.cast(base, dtype)
+    free = keras.ops.cast(free, dtype)
     positions = keras.ops.convert_to_tensor(positions)
     delta = free - keras.ops.take(keras.ops.reshape(base, (-1,)), positions)
     rows = keras.ops.floor_divide(positions, n_out)
