@@ -14,8 +14,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-NOTEBOOKS ?= $(sort $(wildcard chapters/*.ipynb))
-LINT_PATHS := $(wildcard refimpl evidence tests tools chapters)
+NOTEBOOKS ?= $(wildcard intro.ipynb) $(sort $(wildcard chapters/*.ipynb)) \
+  $(sort $(wildcard appendices/*.ipynb))
+LINT_PATHS := $(wildcard refimpl evidence tests tools chapters appendices intro.ipynb)
 
 export IPYTHONDIR := $(CURDIR)/tools/ipython
 export TF_CPP_MIN_LOG_LEVEL := 3

@@ -3,12 +3,12 @@
 The rule: numbers are never copied into prose. A measured number in a page
 must come from a cell, or from a table generated from a committed CSV.
 
-What is checked: the markdown cells of every notebook in chapters/ and every
-.md page of _toc.yml. Inline code, math, link targets, URLs, HTML tags, MyST
-directive and option lines, fenced code, comments and version numbers
-(``Keras 3.15``) are masked out first. Headings are checked like any other
-prose: they are rendered text, and a heading that quotes a result goes stale
-like a sentence does.
+What is checked: the markdown cells of every notebook (the intro, chapters/
+and appendices/) and every .md page of _toc.yml. Inline code, math, link
+targets, URLs, HTML tags, MyST directive and option lines, fenced code,
+comments and version numbers (``Keras 3.15``) are masked out first. Headings
+are checked like any other prose: they are rendered text, and a heading that
+quotes a result goes stale like a sentence does.
 
 What counts as a measured number:
 
@@ -385,7 +385,12 @@ MESSAGE = '{}: "{}" is not produced by any cell output or committed CSV'
 def problems(root: pathlib.Path = ROOT) -> list[str]:
     found: list[str] = []
     every_output: set[Decimal] = set()
-    for nb in sorted((root / "chapters").glob("*.ipynb")):
+    notebooks = [
+        *root.glob("*.ipynb"),
+        *(root / "chapters").glob("*.ipynb"),
+        *(root / "appendices").glob("*.ipynb"),
+    ]
+    for nb in sorted(notebooks):
         rel = nb.relative_to(root).as_posix()
         outputs, sources = _notebook_values(nb)
         every_output |= outputs
