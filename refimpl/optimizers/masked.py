@@ -44,7 +44,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             frozen column, the free entries still become NaN: the update is
             already NaN at every entry, and writing the frozen values back
             cannot repair the free ones
-            (:doc:`/chapters/03_gradient_masking`).
+            (:doc:`/chapters/03_mask_the_gradient`).
         name: the optimizer's name.
 
     Raises:

@@ -87,7 +87,7 @@ def apply_masked_gradients(
             fully frozen row meets a fully frozen column, the free entries
             still become NaN: the update is already NaN at every entry, and
             writing the frozen values back cannot repair the free ones
-            (:doc:`/chapters/03_gradient_masking`).
+            (:doc:`/chapters/03_mask_the_gradient`).
 
     Returns:
         ``None``; the variables change in place.
