@@ -63,7 +63,7 @@ PY
   export KERAS_BACKEND=jax PYTHONPATH="$PWD"
   "$VENV/bin/python" -c 'import keras; print("Keras", keras.__version__, "on", keras.backend.backend())'
   "$VENV/bin/python" -m pytest -q -p no:cacheprovider -m every_backend tests --doctest-modules refimpl
-  "$VENV/bin/python" tools/run_notebook.py chapters/12_backends.ipynb \
+  "$VENV/bin/python" tools/run_notebook.py chapters/08_backends.ipynb \
     --skip '"KERAS_BACKEND": "tensorflow"'
   platform=$("$VENV/bin/python" -c 'import jax; print(jax.devices()[0].platform)')
   echo "gpu_check: the Keras-level tests and the backend chapter pass on JAX ($platform)"

@@ -6,7 +6,7 @@ cell, so running the cells checks them; outputs are printed, not compared
 (nbval compares them in `make test`). A cell whose source contains a
 ``--skip`` string is skipped and named.
 
-    python tools/run_notebook.py chapters/12_backends.ipynb [--skip TEXT ...]
+    python tools/run_notebook.py chapters/08_backends.ipynb [--skip TEXT ...]
 """
 
 from __future__ import annotations
