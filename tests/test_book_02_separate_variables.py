@@ -5,8 +5,9 @@ The chapter shows one optimizer per group, an ``OptimizerMap`` saved and loaded,
 and four sharp bits. These tests keep the rest checked: a selector function on
 plain ``tf.Variable`` objects, patterns that claim a variable twice, a selector
 function that a ``.keras`` file cannot restore, the learning-rate callbacks on
-every group (a ``MaskedOptimizer`` group included, and a schedule group), and a
-``MaskedOptimizer`` group whose mask names another group's variable.
+every group (a ``MaskedOptimizer`` group included, and a schedule group), a
+``MaskedOptimizer`` group whose mask names another group's variable, and a
+pattern anchored on the model's name, which matches nothing after loading.
 """
 
 import re
@@ -165,3 +166,43 @@ def test_callbacks_set_the_inner_learning_rate_of_a_masked_group():
         rate = float(getattr(inner, "inner_optimizer", inner).learning_rate)
         np.testing.assert_allclose(rate, 0.01 / 4, rtol=1e-6)
     refimpl.testing.assert_frozen(before, kernel.numpy(), first_units)
+
+
+def test_learning_rate_scheduler_sets_every_float_group_and_stops_on_a_schedule():
+    # The chapter's sharp bit in one line each: float groups are set, a
+    # schedule group stops fit with a TypeError.
+    halve = keras.callbacks.LearningRateScheduler(lambda epoch, rate: rate * 0.5)
+    floats = _two_groups(0.01)
+    floats.fit(X_DATA, Y_DATA, epochs=3, batch_size=8, verbose=0, callbacks=[halve])
+    assert {o.name for o in floats.optimizer.optimizers} == {"body_sgd", "head_adam"}
+    for inner in floats.optimizer.optimizers:
+        np.testing.assert_allclose(float(inner.learning_rate), 0.01 / 8, rtol=1e-6)
+
+    schedule = keras.optimizers.schedules.ExponentialDecay(1e-2, 10, decay_rate=0.5)
+    scheduled = _two_groups(schedule)
+    with pytest.raises(TypeError, match="not settable"):
+        scheduled.fit(
+            X_DATA, Y_DATA, epochs=3, batch_size=8, verbose=0, callbacks=[halve]
+        )
+
+
+def test_a_pattern_anchored_on_the_model_name_matches_nothing_after_loading(tmp_path):
+    # Patterns on layer names survive a reload; a pattern on the model's
+    # generated name does not, and its variables fall to the default optimizer.
+    model = _model()
+    default = keras.optimizers.SGD(1e-4, name="body_sgd")
+    head = keras.optimizers.Adam(1e-2, name="head_adam")
+    anchored = f"{model.name}/head/.*"
+    groups = keras.optimizers.OptimizerMap(default, {".*head/.*": head})
+    model.compile(optimizer=keras.optimizers.MultiOptimizer(groups), loss="mse")
+    model.fit(X_DATA, Y_DATA, epochs=1, batch_size=8, verbose=0)
+    assert re.fullmatch(anchored, model.get_layer("head").kernel.path)
+
+    model.save(tmp_path / "two_optimizers.keras")
+    loaded = keras.saving.load_model(tmp_path / "two_optimizers.keras")
+    for before, after in zip(model.weights, loaded.weights, strict=True):
+        assert after.path == before.path.removeprefix(f"{model.name}/")
+        assert groups[after.path] is groups[before.path]  # layer names: same group
+        assert not re.fullmatch(anchored, after.path)
+    anchored_map = keras.optimizers.OptimizerMap(default, {anchored: head})
+    assert anchored_map[loaded.get_layer("head").kernel.path] is default
