@@ -32,10 +32,11 @@ def test_prose_skips_table_pipes_link_targets_and_role_names(tmp_path):
         "# Two words\n\n"
         "| a | b |\n| --- | --- |\n| c | d |\n\n"
         "See [the page](https://example.org/x) and {term}`free entry <free entry>`.\n"
+        "Then [Train `X[0]`](../c.ipynb#train-only-x0) ![a picture](p.png).\n"
     )
     count = book_words.markdown(text, tmp_path / "page.md")
-    # heading 2, table 4 cells, "See the page and free entry." 6
-    assert (count.prose, count.code) == (12, 0)
+    # heading 2, table 4 cells, "See the page and free entry." 6, "Then Train X[0]" 3
+    assert (count.prose, count.code) == (15, 0)
 
 
 def test_closed_dropdown_labels_and_comments_are_not_visible(tmp_path):

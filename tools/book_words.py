@@ -100,9 +100,19 @@ def _inline(text: str, page: pathlib.Path) -> str:
             return _title(str(target.resolve()))
         return body
 
-    text = ROLE.sub(role, text)
-    text = re.sub(r"!\[[^\]]*\]\([^)]*\)", "", text)  # images show no words
-    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)  # a link shows its text
+    # markdown-it splits the line into text, code, links and images; a link
+    # shows its text, an image no words, code its content. A role is text
+    # ending in "{name}" followed by code, so code keeps its backticks until
+    # the roles are resolved.
+    pieces = []
+    for child in _md.parseInline(text)[0].children or []:
+        if child.type == "text":
+            pieces.append(child.content)
+        elif child.type == "code_inline":
+            pieces.append(f"`{child.content}`")
+        elif child.type in ("softbreak", "hardbreak", "html_inline"):
+            pieces.append(" ")
+    text = ROLE.sub(role, "".join(pieces)).replace("`", "")
     return html.unescape(TAG.sub(" ", text))
 
 
