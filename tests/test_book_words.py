@@ -35,8 +35,9 @@ def test_prose_skips_table_pipes_link_targets_and_role_names(tmp_path):
         "Then [Train `X[0]`](../c.ipynb#train-only-x0) ![a picture](p.png).\n"
     )
     count = book_words.markdown(text, tmp_path / "page.md")
-    # heading 2, table 4 cells, "See the page and free entry." 6, "Then Train X[0]" 3
-    assert (count.prose, count.code) == (15, 0)
+    # heading 2, table 4 cells, "See the page and free entry." 6, and
+    # "Then Train X[0] ." 4: the picture shows no words, its full stop does
+    assert (count.prose, count.code) == (16, 0)
 
 
 def test_closed_dropdown_labels_and_comments_are_not_visible(tmp_path):
