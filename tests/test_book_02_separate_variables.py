@@ -8,6 +8,9 @@ function that a ``.keras`` file cannot restore, the learning-rate callbacks on
 every group (a ``MaskedOptimizer`` group included, and a schedule group), a
 ``MaskedOptimizer`` group whose mask names another group's variable, and a
 pattern anchored on the model's name, which matches nothing after loading.
+Also the slice facts that chapters/01_trainable_positions.ipynb states in one
+sentence: a slice taken inside the tape has a gradient but is refused by an
+optimizer, and ``assign`` on it writes into the variable.
 """
 
 import re
@@ -206,3 +209,18 @@ def test_a_pattern_anchored_on_the_model_name_matches_nothing_after_loading(tmp_
         assert not re.fullmatch(anchored, after.path)
     anchored_map = keras.optimizers.OptimizerMap(default, {anchored: head})
     assert anchored_map[loaded.get_layer("head").kernel.path] is default
+
+
+def test_a_slice_taken_inside_the_tape_is_refused_and_assign_writes_into_x():
+    x = tf.Variable([1.0, 2.0])
+    y = tf.constant([2.0, -3.0])
+    with tf.GradientTape() as tape:
+        first = x[0]
+        loss = (first - y[0]) ** 2 + (x[1] - y[1]) ** 2
+    grad_first = tape.gradient(loss, first)
+    np.testing.assert_allclose(grad_first, 2 * (1.0 - 2.0))  # 2 (X[0] - Y[0])
+    assert not isinstance(first, tf.Variable)
+    with pytest.raises(AttributeError):
+        keras.optimizers.SGD(0.1).apply_gradients([(grad_first, first)])
+    first.assign(5.0)
+    assert first.numpy() == 1.0 and x.numpy()[0] == 5.0
