@@ -13,8 +13,9 @@ the plainest way to restrict the update (:ref:`the two families
 * :func:`apply_masked_gradients` is one such step for a custom loop, on the
   same code; :func:`mask_gradients` only masks.
 
-With plain SGD, momentum SGD, Adam and Lion, a gradient that has always been
-zero means no update. Optimizers that move such an entry break that: any with
+With plain SGD, momentum SGD, Adam, Lion and the other optimizers that
+:doc:`/appendices/exactness` finds exact, a gradient that has always been zero
+means no update. Optimizers that move such an entry break that: any with
 :term:`decoupled weight decay`, Ftrl, Muon, ScheduleFreeAdamW (by a few
 :term:`ULP`, units in the last place: rounding) and Adafactor (where a fully
 frozen row meets a fully frozen column). With ``restore_frozen=True`` the
