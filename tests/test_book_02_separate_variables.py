@@ -2,15 +2,15 @@
 showing it in a cell.
 
 The chapter shows one optimizer per group, an ``OptimizerMap`` saved and loaded,
-and four sharp bits. These tests keep the rest checked: a selector function on
+and three sharp bits. These tests keep the rest checked: a selector function on
 plain ``tf.Variable`` objects, patterns that claim a variable twice, a selector
 function that a ``.keras`` file cannot restore, the learning-rate callbacks on
 every group (a ``MaskedOptimizer`` group included, and a schedule group), a
 ``MaskedOptimizer`` group whose mask names another group's variable, and a
 pattern anchored on the model's name, which matches nothing after loading.
-Also the slice facts that chapters/01_trainable_positions.ipynb states in one
-sentence: a slice taken inside the tape has a gradient but is refused by an
-optimizer, and ``assign`` on it writes into the variable.
+Also two slice facts behind chapters/01_trainable_positions.ipynb: a slice
+taken inside the tape has a gradient but is refused by an optimizer,
+and ``assign`` on it writes into the variable.
 """
 
 import re
