@@ -6,8 +6,8 @@ and three sharp bits. These tests keep the rest checked: a selector function on
 plain ``tf.Variable`` objects, patterns that claim a variable twice, a selector
 function that a ``.keras`` file cannot restore, the learning-rate callbacks on
 every group (a ``MaskedOptimizer`` group included, and a schedule group), a
-``MaskedOptimizer`` group whose mask names another group's variable, and a
-pattern anchored on the model's name, which matches nothing after loading.
+``MaskedOptimizer`` group whose mask names another group's variable (a pattern
+anchored on the model's name is tests/test_masked_optimizer.py's).
 Also two slice facts behind chapters/01_trainable_positions.ipynb: a slice
 taken inside the tape has a gradient but is refused by an optimizer,
 and ``assign`` on it writes into the variable.
@@ -187,28 +187,6 @@ def test_learning_rate_scheduler_sets_every_float_group_and_stops_on_a_schedule(
         scheduled.fit(
             X_DATA, Y_DATA, epochs=3, batch_size=8, verbose=0, callbacks=[halve]
         )
-
-
-def test_a_pattern_anchored_on_the_model_name_matches_nothing_after_loading(tmp_path):
-    # Patterns on layer names survive a reload; a pattern on the model's
-    # generated name does not, and its variables fall to the default optimizer.
-    model = _model()
-    default = keras.optimizers.SGD(1e-4, name="body_sgd")
-    head = keras.optimizers.Adam(1e-2, name="head_adam")
-    anchored = f"{model.name}/head/.*"
-    groups = keras.optimizers.OptimizerMap(default, {".*head/.*": head})
-    model.compile(optimizer=keras.optimizers.MultiOptimizer(groups), loss="mse")
-    model.fit(X_DATA, Y_DATA, epochs=1, batch_size=8, verbose=0)
-    assert re.fullmatch(anchored, model.get_layer("head").kernel.path)
-
-    model.save(tmp_path / "two_optimizers.keras")
-    loaded = keras.saving.load_model(tmp_path / "two_optimizers.keras")
-    for before, after in zip(model.weights, loaded.weights, strict=True):
-        assert after.path == before.path.removeprefix(f"{model.name}/")
-        assert groups[after.path] is groups[before.path]  # layer names: same group
-        assert not re.fullmatch(anchored, after.path)
-    anchored_map = keras.optimizers.OptimizerMap(default, {anchored: head})
-    assert anchored_map[loaded.get_layer("head").kernel.path] is default
 
 
 def test_a_slice_taken_inside_the_tape_is_refused_and_assign_writes_into_x():
