@@ -49,22 +49,19 @@ def toc_entries() -> set[str]:
     return set(toc_order())
 
 
-def page_path(entry: str) -> pathlib.Path:
+def page_path(entry: str) -> pathlib.Path | None:
+    """The notebook or Markdown file behind a _toc.yml entry, or None."""
     for ext in (".ipynb", ".md"):
         if (ROOT / f"{entry}{ext}").exists():
             return ROOT / f"{entry}{ext}"
-    raise FileNotFoundError(entry)
+    return None
 
 
 def budget_problems(show: bool = True) -> list[str]:
     """Every page's visible words against its budget; prints the counts."""
     found = []
     total = 0
-    entries = [
-        e
-        for e in toc_order()
-        if any((ROOT / f"{e}{ext}").exists() for ext in (".ipynb", ".md"))
-    ]
+    entries = [e for e in toc_order() if page_path(e) is not None]
     chapters = [e for e in entries if e.startswith("chapters/")]
     if len(chapters) > MAX_CHAPTERS:
         found.append(
@@ -109,7 +106,7 @@ def problems() -> list[str]:
     found = []
     entries = toc_entries()
     for entry in sorted(entries):
-        if not any((ROOT / f"{entry}{ext}").exists() for ext in (".ipynb", ".md")):
+        if page_path(entry) is None:
             found.append(f"_toc.yml lists {entry}, which does not exist")
     notebooks = sorted(
         [
