@@ -27,7 +27,7 @@ _TENSORFLOW_LEVEL = (
 )
 
 collect_ignore = [f"refimpl/backend/_{b}.py" for b in _BACKENDS if b != _BACKEND]
-# A backend's own kernels (refimpl/backend/sparse_tensorflow.py) likewise.
+
 collect_ignore_glob = [f"refimpl/backend/*_{b}.py" for b in _BACKENDS if b != _BACKEND]
 if _BACKEND != "tensorflow":
     collect_ignore += list(_TENSORFLOW_LEVEL)

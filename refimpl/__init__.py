@@ -35,14 +35,14 @@ The ways fall in two families:
   the optimizer only ever sees the free values (exact under every optimizer,
   and, in the default delta form, the optimizer state is one value per free
   entry and slot): the partial layers
-  (:class:`PartialDense <refimpl.layers.dense.PartialDense>`,
+  (:class:`PartialDense <refimpl.layers.partial.PartialDense>`,
   :func:`partialize <refimpl.convert.partialize>`,
-  :func:`enable_partial <refimpl.layers.enable.enable_partial>`),
+  :func:`enable_partial <refimpl.layers.partial.enable_partial>`),
   :class:`PartialVariable <refimpl.variable.PartialVariable>` in your own layer,
   and the structured layers
-  (:class:`DiagonalDense <refimpl.layers.structured.DiagonalDense>`,
-  :class:`BandedDense <refimpl.layers.structured.BandedDense>`,
-  :class:`BlockDense <refimpl.layers.block.BlockDense>`). Use these by
+  (:class:`DiagonalDense <refimpl.layers.structured_dense.DiagonalDense>`,
+  :class:`BandedDense <refimpl.layers.structured_dense.BandedDense>`,
+  :class:`BlockDense <refimpl.layers.structured_dense.BlockDense>`). Use these by
   default;
 * **restrict the update**: keep one full variable and filter its update
   (:class:`MaskedOptimizer <refimpl.optimizers.MaskedOptimizer>`,
@@ -60,25 +60,12 @@ comes from; everything else lives in the submodules, and all of it but
 backend (TensorFlow, JAX and PyTorch).
 """
 
-__version__ = "2.4.3"
+__version__ = "3.0.0"
 
-from refimpl import (
-    _compat,  # noqa: F401  (the Keras version check, first)
-    backend,
-    drop_and_grow,
-    masks,
-    ops,
-    optimizers,
-    plotting,
-    selection,
-    structured,
-    testing,
-    trainability,
-)
+from refimpl import _compat  # noqa: F401  (the Keras version check, first)
+from refimpl.callbacks import DropAndGrow
 from refimpl.constraints import FreezeEntries
-from refimpl.convert import merge, partialize
-from refimpl.drop_and_grow import DropAndGrow
-from refimpl.files import load_partial_weights, save_partial_weights
+from refimpl.convert import merge, partialize, trainable_summary
 from refimpl.layers import (
     BandedDense,
     BlockDense,
@@ -87,10 +74,13 @@ from refimpl.layers import (
     enable_partial,
 )
 from refimpl.optimizers import MaskedOptimizer
+from refimpl.partial import PartialWeight
+from refimpl.trained_entries import load_partial_weights, save_partial_weights
 from refimpl.variable import PartialVariable
 
-#: Names of refimpl 1.x that moved in 2.0, and where they are now.
-MOVED = {
+# Names that moved, the release they moved in, and where they are now
+# (CHANGELOG.md has the same tables).
+_MOVED_IN_2 = {
     "apply_masked_gradients": "refimpl.optimizers.apply_masked_gradients",
     "mask_gradients": "refimpl.optimizers.mask_gradients",
     "assert_frozen": "refimpl.testing.assert_frozen",
@@ -116,12 +106,30 @@ MOVED = {
     # Modules of 1.x.
     "variables": "refimpl.variable (PartialVariable) and refimpl.ops (the rest)",
     "sparse": "refimpl.ops",
-    "partial_dense": "refimpl.layers.dense",
-    "partial_layers": "refimpl.layers.enable (or refimpl.convert.partial_layers)",
+    "partial_dense": "refimpl.layers.partial",
+    "partial_layers": "refimpl.layers.partial (or refimpl.partial.partial_weights)",
     "masked_optimizer": "refimpl.optimizers",
     "stop_gradient": "refimpl.tf.stop_gradient",
     "scipy_optimize": "refimpl.tf.scipy_optimize",
 }
+_MOVED_IN_3 = {
+    "trainability": "refimpl.convert (trainable_summary)",
+}
+_MOVED = {
+    **{name: ("2.0", new) for name, new in _MOVED_IN_2.items()},
+    **{name: ("3.0", new) for name, new in _MOVED_IN_3.items()},
+}
+
+# Submodules a user imports, loaded with the package.
+from refimpl import (  # noqa: E402, F401
+    backend,
+    masks,
+    ops,
+    plotting,
+    selection,
+    structured,
+    testing,
+)
 
 
 def __getattr__(name: str):
@@ -130,9 +138,10 @@ def __getattr__(name: str):
         import importlib
 
         return importlib.import_module("refimpl.tf")
-    if name in MOVED:
+    if name in _MOVED:
+        release, new = _MOVED[name]
         raise AttributeError(
-            f"refimpl.{name} moved in refimpl 2.0: use {MOVED[name]} "
+            f"refimpl.{name} moved in refimpl {release}: use {new} "
             "(the CHANGELOG lists every move)."
         )
     raise AttributeError(f"module 'refimpl' has no attribute {name!r}")
@@ -147,21 +156,11 @@ __all__ = [
     "MaskedOptimizer",
     "PartialDense",
     "PartialVariable",
-    "__version__",
+    "PartialWeight",
     "enable_partial",
     "load_partial_weights",
     "merge",
     "partialize",
     "save_partial_weights",
-    # submodules
-    "backend",
-    "drop_and_grow",
-    "masks",
-    "ops",
-    "optimizers",
-    "plotting",
-    "selection",
-    "structured",
-    "testing",
-    "trainability",
+    "trainable_summary",
 ]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 
 import keras
+import numpy as np
 
 __all__ = [
     "KERAS_FLOOR",
@@ -32,6 +33,8 @@ __all__ = [
     "Functional",
     "NotLoadedError",
     "is_functional",
+    "is_shell",
+    "shell_initializer",
     "register_under",
     "require_loaded",
     "sub_layers",
@@ -92,8 +95,9 @@ def _functional():
 
 #: Keras' functional model class (``keras.Model(inputs, outputs)`` makes one).
 Functional = _private("keras.src.models.functional.Functional", _functional)
-for _name in ("_flatten_layers",):
+for _name in ("_flatten_layers", "_untrack_variable"):
     _private(f"Layer.{_name}", lambda n=_name: getattr(keras.layers.Layer, n))
+_private("Optimizer._var_key", lambda: keras.optimizers.Optimizer._var_key)
 
 
 def variable_layout(variable):
@@ -122,9 +126,52 @@ def unlocked(layer):
         tracker.lock()
 
 
+def child_layers(layer) -> list:
+    """The layers directly inside ``layer`` (one level down), in Keras' order."""
+    return list(layer._flatten_layers(include_self=False, recursive=False))
+
+
 def sub_layers(model) -> list:
     """Every layer inside ``model``, at any depth, in Keras' order."""
     return list(model._flatten_layers(include_self=False, recursive=True))
+
+
+def untrack_variable(layer, variable) -> None:
+    """Remove ``variable`` from ``layer``'s weights (``Layer._untrack_variable``).
+
+    Keras' ``Layer.__delattr__`` does the same, then a ``gc.collect()`` per
+    variable, which took most of the time of merging a model of many layers.
+    """
+    layer._untrack_variable(variable)
+
+
+def variable_key(optimizer, variable) -> str:
+    """The key a Keras optimizer files ``variable``'s state under (``_var_key``)."""
+    return optimizer._var_key(variable)
+
+
+def optimizer_variables(optimizer) -> list:
+    """The variables a built Keras optimizer trains (``_trainable_variables``)."""
+    return optimizer._trainable_variables
+
+
+def causal_padding(layer):
+    """The left padding a ``Conv1D(padding="causal")`` gives its input."""
+    return layer._compute_causal_padding()
+
+
+def remat_mode(layer) -> str | None:
+    """The mode of the ``keras.RematScope`` a layer was built in, or ``None``."""
+    return getattr(getattr(layer, "_remat_mode", None), "mode", None)
+
+
+def class_config(cls) -> dict:
+    """What a loader needs to find the class ``cls`` again in a fresh process."""
+    return {
+        "module": cls.__module__,
+        "class_name": cls.__name__,
+        "registered_name": keras.saving.get_registered_name(cls),
+    }
 
 
 def is_functional(model) -> bool:
@@ -145,6 +192,34 @@ def register_under(cls, name: str, loader) -> None:
         package=name.split(">")[0], name=name.split(">")[1]
     )(cls)
     keras.saving.get_custom_objects()[name] = loader
+
+
+#: What a shell's arrays hold until the saved weights fill them: NaN in a
+#: floating-point weight, -1 in an integer one (positions, indices).
+SHELL_FLOAT, SHELL_INT = float("nan"), -1
+
+
+def shell_initializer(dtype: str = "int32"):
+    """The initializer of a shell's weight that the saved weights fill."""
+    floating = "float" in str(dtype)
+    return keras.initializers.Constant(SHELL_FLOAT if floating else SHELL_INT)
+
+
+def is_shell(array) -> bool:
+    """Whether ``array`` (read now; ``None`` if unknown) still holds the shell's marks.
+
+    The one "not loaded" check of every object that a config can rebuild:
+    the partial weights, the structured layers, ``MaskedOptimizer`` and
+    ``FreezeEntries``.
+    """
+    if array is None:
+        return True
+    array = np.asarray(array)
+    if array.size == 0:
+        return False
+    if np.issubdtype(array.dtype, np.floating):
+        return bool(np.all(np.isnan(array)))
+    return bool(np.any(array < 0))
 
 
 class NotLoadedError(ValueError):

@@ -81,13 +81,14 @@ class _PartialWeights(keras.distribution.ModelParallel):
     distributions; its own layout map is empty and never read.)
     """
 
-    def __init__(self, outer, layer, base, select):
+    def __init__(self, outer, layer, base, select, free_name="partial_free"):
         super().__init__(
             layout_map=keras.distribution.LayoutMap(outer.device_mesh),
             batch_dim_name=outer.batch_dim_name,
             auto_shard_dataset=outer.auto_shard_dataset,
         )
         self._outer, self._layer, self._base, self._select = outer, layer, base, select
+        self._free_name = free_name
 
     def get_data_layout(self, data_shape):
         return self._outer.get_data_layout(data_shape)
@@ -101,7 +102,7 @@ class _PartialWeights(keras.distribution.ModelParallel):
         if layout is not None:
             shape = tuple(variable.shape)
             return _check(layout, variable.path, shape, self._layer.name, mesh)
-        if self._select and variable.name == "partial_free":
+        if self._select and variable.name == self._free_name:
             base = _compat.variable_layout(self._base)
             if base is not None:
                 return base
@@ -130,11 +131,11 @@ def check_named(layer, base, num_free: int, *, select: bool) -> None:
 
 
 @contextlib.contextmanager
-def partial_weights(layer, base, *, select: bool):
-    """Create ``partial_free`` and ``partial_positions`` with the layouts above."""
+def partial_weights(layer, base, *, select: bool, free_name: str = "partial_free"):
+    """Create the free values and positions with the layouts above."""
     outer = keras.distribution.distribution()
     if outer is None:
         yield
         return
-    with _PartialWeights(outer, layer, base, select).scope():
+    with _PartialWeights(outer, layer, base, select, free_name).scope():
         yield

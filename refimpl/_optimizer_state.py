@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import keras
 
-from refimpl._checks import describe
+from refimpl.masks import describe
 
 # Per-entry optimizer state, by optimizer class: each attribute's fresh value
 # ("zero", "initial": the optimizer's initial_accumulator_value).

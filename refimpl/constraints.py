@@ -18,8 +18,7 @@ import numpy as np
 from keras import ops
 
 from refimpl import _compat
-from refimpl._checks import describe, normalize_shape
-from refimpl.masks import as_array, mask_shape, to_mask
+from refimpl.masks import as_array, describe, mask_shape, normalize_shape, to_mask
 
 __all__ = ["FreezeEntries"]
 

@@ -10,7 +10,7 @@ A converted model saved and loaded back (:ref:`Saving and loading
 >>> path = os.path.join(tempfile.mkdtemp(), "converted.keras")
 >>> converted.save(path)
 >>> loaded = keras.saving.load_model(path)
->>> type(loaded.get_layer("d")).__name__, loaded.get_layer("d").num_free
+>>> type(loaded.get_layer("d")).__name__, loaded.get_layer("d").partial_weight.num_free
 ('PartialDense', 2)
 >>> x = np.ones((1, 3), "float32")
 >>> before, after = converted.predict(x, verbose=0), loaded.predict(x, verbose=0)
@@ -26,16 +26,23 @@ import keras
 import numpy as np
 
 from refimpl import _compat
-from refimpl._checks import describe
-from refimpl._keys import match_keys, policy_mask, resolve, where
-from refimpl.layers.classes import target_weight
-from refimpl.layers.enable import check_layout, enable_partial
-from refimpl.layers.hosts import is_container, mark_hosts, unmark_hosts
-from refimpl.layers.partial import PartialWeightMixin
+from refimpl.layers.partial import (
+    PartialWeightMixin,
+    check_layout,
+    enable_partial,
+    is_container,
+    is_supported,
+    mark_hosts,
+    supported_names,
+    target_weight,
+    unmark_hosts,
+    weight_names,
+)
+from refimpl.masks import describe, to_mask, variable_path
 from refimpl.ops import LAYER_MODES, check_mode
-from refimpl.trainability import check_train, freeze_rest, trainable_summary
+from refimpl.partial import partial_weights
 
-__all__ = ["merge", "partial_layers", "partialize"]
+__all__ = ["merge", "partialize", "trainable_summary"]
 
 
 def partialize(
@@ -53,9 +60,10 @@ def partialize(
     (:mod:`refimpl.layers.partial`): a ``Dense``, ``EinsumDense`` (attention
     projections), convolution (transposed, depthwise and separable too),
     ``SimpleRNN``, ``LSTM`` or ``GRU`` cell, ``Embedding`` or keras-hub embedding
-    (:func:`refimpl.layers.classes.supported_classes`). **Everything else is
+    (:func:`refimpl.layers.partial.supported_classes`). **Everything else is
     frozen**, as PEFT and keras-hub's ``enable_lora`` do: every other layer and
-    the chosen layers' biases (:mod:`refimpl.trainability`), unless ``train``
+    the chosen layers' biases (:func:`trainable_summary` lists what trains),
+    unless ``train``
     names them. Weights and structure are unchanged: before training, the
     outputs equal the original's bit for bit. An elementwise kernel regularizer
     (L1, L2) now penalizes the free entries alone. The free entries' gradients
@@ -89,8 +97,8 @@ def partialize(
             does) instead of a copy's.
         mode: the form of every partial weight (see :ref:`the forms <api-forms>`;
             which layers take ``"sparse"`` and ``"slices"``:
-            :func:`refimpl.enable_partial <refimpl.layers.enable.enable_partial>`).
-        summary: print :func:`refimpl.trainability.trainable_summary` of the
+            :func:`refimpl.enable_partial <refimpl.layers.partial.enable_partial>`).
+        summary: print :func:`trainable_summary` of the
             result: what trains, weight by weight, and the totals.
 
     Returns:
@@ -151,7 +159,7 @@ def partialize(
     for layer, weight, mask in chosen:
         enable_partial(layer, mask, mode=mode, weight=weight)
     if train != "all":
-        freeze_rest(target, keep)
+        _freeze_others(target, keep)
     mark_hosts(target)
     if summary:
         trainable_summary(target, print_fn=print)
@@ -195,8 +203,8 @@ def partial_layers(model) -> list[dict]:
             "path": layer.path or layer.name,
             "class": type(layer).__name__,
             "weight": layer._partial_target,
-            "num_free": layer.num_free,
-            "size": int(np.prod(layer.base_weight.shape)),
+            "num_free": layer.partial_weight.num_free,
+            "size": int(np.prod(layer.partial_weight.shape)),
         }
         for layer in _compat.sub_layers(model)
         if isinstance(layer, PartialWeightMixin)
@@ -367,3 +375,224 @@ def _clone(model, replace=lambda layer: None):
         if source is not None:
             layer.set_weights([np.array(w) for w in source.get_weights()])
     return copy
+
+
+# -- what trains: the rest frozen, and a summary of it -------------------------
+def check_train(train) -> tuple | str:
+    """The ``train`` argument of
+    :func:`refimpl.partialize <refimpl.convert.partialize>`, checked."""
+    if train is None:
+        return ()
+    if train == "all":
+        return "all"
+    if isinstance(train, str):
+        train = (train,)
+    if not isinstance(train, (list, tuple)) or not all(
+        isinstance(key, str) for key in train
+    ):
+        raise TypeError(
+            "`train` must be a list of layer names or paths that stay trainable, "
+            f"or 'all'. Received: train={describe(train)}"
+        )
+    return tuple(train)
+
+
+def _freeze_others(model, keep: list) -> None:
+    """Freeze every layer of ``model`` but the partial ones and ``keep``.
+
+    A layer is frozen with ``layer.trainable = False``, which Keras saves in
+    its config (a host records the frozen sub-layers it rebuilds); as Keras'
+    fine-tuning guide says, a frozen ``BatchNormalization`` runs in inference
+    mode. A partial layer keeps its free values trainable and freezes its
+    other weights (:meth:`~refimpl.layers.partial.PartialWeightMixin.freeze_rest`).
+    """
+    kept = {id(layer) for layer in keep}
+    for layer in keep:
+        kept.update(id(sub) for sub in _compat.sub_layers(layer))
+    for layer in _compat.sub_layers(model):
+        if id(layer) in kept:
+            continue
+        if isinstance(layer, PartialWeightMixin):
+            layer.freeze_rest()
+            continue
+        children = _compat.child_layers(layer)
+        if not list(children):
+            # A leaf: its own weights. (A parent is frozen through its leaves,
+            # so that a partial layer inside it keeps training.)
+            layer.trainable = False
+
+
+def fully_trainable(model) -> list:
+    """The weights of ``model`` that train whole: every trainable weight but
+    the free values of its partial layers."""
+    free = {id(pw.free) for pw in partial_weights(model)}
+    return [v for v in model.trainable_weights if id(v) not in free]
+
+
+def trainable_summary(model, *, print_fn=None) -> list[dict]:
+    """What trains in ``model``: one row per weight that has a trainable entry.
+
+    With ``print_fn`` (``print``, say), it also prints the rows as a table
+    with the totals.
+
+    Returns:
+        A list of dicts, one per weight, with ``"path"`` (str), ``"kind"``
+        (str, ``"partial"`` for a partial weight, its free values over its
+        base, or ``"full"`` for a weight that trains whole), ``"trainable"``
+        (int, its trainable entries) and ``"size"`` (int, all its entries).
+
+    >>> import keras
+    >>> import refimpl
+    >>> from refimpl.convert import trainable_summary
+    >>> layers = [keras.Input((3,)), keras.layers.Dense(2, name="d")]
+    >>> model = keras.Sequential(layers, name="net")
+    >>> converted = refimpl.partialize(model, {"d": [[0, 0]]})
+    >>> trainable_summary(converted)
+    [{'path': 'net/d/kernel', 'kind': 'partial', 'trainable': 1, 'size': 6}]
+    """
+    if print_fn is not None and not callable(print_fn):
+        raise TypeError(
+            "`print_fn` must be callable, such as print. "
+            f"Received: print_fn={describe(print_fn)}"
+        )
+    rows = []
+    for pw in partial_weights(model):
+        if pw.free.trainable:
+            rows.append(
+                {
+                    "path": variable_path(pw.base),
+                    "kind": "partial",
+                    "trainable": pw.num_free,
+                    "size": int(np.prod(pw.shape)),
+                }
+            )
+    for variable in fully_trainable(model):
+        size = int(np.prod(variable.shape))
+        path = variable_path(variable)
+        rows.append({"path": path, "kind": "full", "trainable": size, "size": size})
+    if print_fn is not None:
+        width = max([len(row["path"]) for row in rows] + [6])
+        print_fn(f"{'weight':<{width}}  {'kind':<7}  {'trainable':>10}  {'of':>10}")
+        for row in rows:
+            print_fn(
+                f"{row['path']:<{width}}  {row['kind']:<7}  "
+                f"{row['trainable']:>10,}  {row['size']:>10,}"
+            )
+        extra = {
+            id(v) for pw in partial_weights(model) for v in (pw.free, pw.positions)
+        }
+        # The model's own values: a partial weight counts once, as its base.
+        total = sum(int(np.prod(v.shape)) for v in model.weights if id(v) not in extra)
+        trained = sum(row["trainable"] for row in rows)
+        print_fn(f"trainable values: {trained:,} of {total:,} ({trained / total:.4%})")
+    return rows
+
+
+# -- keys: which layers and weights a key names -------------------------------
+# How a key of :func:`refimpl.partialize <refimpl.convert.partialize>` names the layers
+# and weights it means.
+#
+# A key is a layer's name, its path, or the end of a path (``"query"``,
+# ``"query/kernel"``), matched at any depth; a key that names an RNN layer or a
+# ``Bidirectional`` wrapper means the cells inside; a weight's path picks which
+# weight of a layer with two (``"lstm/recurrent_kernel"``).
+
+
+def resolve(model, masks):
+    """The (layer, mask) pairs that ``masks`` names, each layer checked."""
+    layers = _compat.sub_layers(model)
+    seen: set = set()
+    for key, mask in masks.items():
+        if not isinstance(key, str):
+            raise TypeError(
+                "`layer_masks` keys must be layer names or weight paths. "
+                f"Received: {key!r}"
+            )
+        found = [layer for _, layer in match_keys(model, [key], "layer_masks", layers)]
+        found = list(
+            {id(x): x for layer in found for x in weight_layers(layer)}.values()
+        )
+        for layer in found:
+            if id(layer) in seen:
+                raise ValueError(
+                    f"`layer_masks[{key!r}]` names layer {where(layer)}, which "
+                    "another key names too: give each layer one mask"
+                )
+            seen.add(id(layer))
+            if isinstance(layer, PartialWeightMixin):
+                raise ValueError(
+                    f"`layer_masks[{key!r}]` names layer {where(layer)}, which "
+                    "is already partially trainable"
+                )
+            if not is_supported(type(layer)):
+                raise TypeError(
+                    f"`layer_masks[{key!r}]` names layer {where(layer)} "
+                    "of type "
+                    f"{type(layer).__name__}, which partialize cannot convert; it "
+                    f"converts {supported_names()}"
+                )
+            yield key, layer, weight_of(layer, key), mask
+
+
+def match_keys(model, keys, name: str, layers=None):
+    """The (key, layer) pairs that each key names; a key that names none raises."""
+    layers = _compat.sub_layers(model) if layers is None else layers
+    for key in keys:
+        found = [layer for layer in layers if names(layer, key)]
+        if not found:
+            raise ValueError(
+                f"`{name}[{key!r}]` names no layer or weight of the model. Its "
+                f"layers: {[layer.name for layer in layers][:12]}"
+            )
+        yield from ((key, layer) for layer in found)
+
+
+def where(layer) -> str:
+    return repr(layer.path or layer.name)
+
+
+def names(layer, key: str) -> bool:
+    path = layer.path or layer.name
+    if layer.name == key or path == key or path.endswith("/" + key):
+        return True
+    return weight_of(layer, key) is not None
+
+
+def weight_layers(layer) -> list:
+    """The layers that hold the weights a key naming ``layer`` means: an RNN's
+    cell, both directions of a ``Bidirectional``; else ``layer`` itself."""
+    if isinstance(layer, keras.layers.Bidirectional):
+        return [
+            *weight_layers(layer.forward_layer),
+            *weight_layers(layer.backward_layer),
+        ]
+    if isinstance(layer, keras.layers.RNN) and is_supported(type(layer.cell)):
+        return [layer.cell]
+    return [layer]
+
+
+def weight_of(layer, key: str) -> str | None:
+    """The weight of ``layer`` that ``key`` names by its path, if any.
+
+    An RNN cell's weights are also named through the RNN layer
+    (``"lstm/recurrent_kernel"`` for ``"lstm/lstm_cell/recurrent_kernel"``).
+    """
+    if not is_supported(type(layer)):
+        return None
+    for weight in weight_names(layer):
+        path = target_weight(layer, weight).path
+        short = None
+        if hasattr(layer, "state_size") and "/" in (layer.path or ""):  # a cell
+            parent = (layer.path or "").rsplit("/", 1)[0]
+            short = f"{parent}/{weight}"
+        for candidate in (path, short):
+            if candidate and (candidate == key or candidate.endswith("/" + key)):
+                return weight
+    return None
+
+
+def policy_mask(layer, mask, name: str, weight: str | None = None) -> np.ndarray:
+    weight = target_weight(layer, weight)
+    if callable(mask):
+        mask = mask(np.array(keras.ops.convert_to_numpy(weight)))
+    return to_mask(mask, tuple(weight.shape), name=name)

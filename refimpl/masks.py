@@ -37,15 +37,23 @@ array as an index list.)
 
 Masks are static: they fix the *structure* of a model, so they are plain NumPy
 values, known when the graph is traced.
+
+This module also holds refimpl's argument checks, one validator each, so
+every error message about a user's argument reads alike: :func:`describe`
+shows a received value without printing an array, :func:`check_int` checks
+an integer argument, :func:`normalize_shape` a shape, and the
+``(variable, mask)`` pairs of every ``masks=`` argument are matched to the
+variables being trained by :func:`pair_masks`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import keras
 import numpy as np
 
 from refimpl import backend
-from refimpl._checks import describe, normalize_shape
 
 __all__ = ["as_array", "indices_to_mask", "mask_to_indices", "to_mask"]
 
@@ -293,3 +301,264 @@ def _check_shape(array: np.ndarray, shape: tuple[int, ...], name: str) -> None:
             f"`{name}` must have the tensor's shape {shape}. Received a mask "
             f"of shape {tuple(array.shape)}: {name}={describe(array)}"
         )
+
+
+# -- argument checks ---------------------------------------------------------
+def check_int(value, name: str, *, minimum: int = 0, maximum: int | None = None) -> int:
+    """Return ``value`` as a Python int in ``[minimum, maximum]``, or raise.
+
+    The one check of an integer argument: a ``bool`` is not an int.
+
+    Raises:
+        TypeError: if ``value`` is not an integer.
+        ValueError: if it is out of range.
+
+    >>> from refimpl.masks import check_int
+    >>> check_int(3, "every", minimum=1)
+    3
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"`{name}` must be an int. Received: {name}={describe(value)}")
+    value = int(value)
+    if value < minimum or (maximum is not None and value > maximum):
+        upper = "" if maximum is None else f" and at most {maximum}"
+        raise ValueError(
+            f"`{name}` must be at least {minimum}{upper}. Received: {name}={value}"
+        )
+    return value
+
+
+def normalize_shape(shape, *, name: str = "shape") -> tuple[int, ...]:
+    """Return ``shape`` as a tuple of non-negative Python ints.
+
+    Args:
+        shape: a tuple, list, ``tf.TensorShape`` or NumPy shape. Every
+            dimension must be known.
+        name: the argument's name, used in error messages.
+
+    Returns:
+        The shape as a tuple of ints.
+
+    Raises:
+        TypeError: if ``shape`` is not a sequence of integers.
+        ValueError: if a dimension is unknown or negative.
+
+    >>> normalize_shape([2, np.int64(3)])
+    (2, 3)
+    """
+    if type(shape).__name__ == "TensorShape":  # tf.TensorShape, without tf
+        if shape.rank is None or not shape.is_fully_defined():
+            raise ValueError(
+                f"`{name}` must be fully known, with a static size in every "
+                f"dimension. Received: {name}={shape}"
+            )
+        shape = shape.as_list()
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    if not isinstance(shape, Sequence) and not isinstance(shape, np.ndarray):
+        raise TypeError(
+            f"`{name}` must be a tuple of ints. Received: {name}={describe(shape)}"
+        )
+    dims = []
+    for d in shape:
+        if d is None:
+            raise ValueError(
+                f"`{name}` must be fully known, with a static size in every "
+                f"dimension. Received: {name}={tuple(shape)}"
+            )
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
+            raise TypeError(
+                f"`{name}` must be a tuple of ints. Received: {name}={describe(shape)}"
+            )
+        if d < 0:
+            raise ValueError(
+                f"`{name}` must have non-negative dimensions. "
+                f"Received: {name}={tuple(shape)}"
+            )
+        dims.append(int(d))
+    return tuple(dims)
+
+
+def variable_path(variable) -> str:
+    """A variable's path (``"dense/kernel"``), the one name refimpl shows for it."""
+    return str(getattr(variable, "path", None) or variable.name).removesuffix(":0")
+
+
+def describe(value) -> str:
+    """What an error message shows of a received value: never a whole array.
+
+    A scalar, a string or a container of at most six scalars is shown as its
+    ``repr`` (cut at 80 characters); anything larger as its type, shape and
+    dtype, such as ``ndarray of shape (64, 64) and dtype float64``.
+
+    >>> describe(3), describe([1, 2]), describe(np.zeros((64, 64)))
+    ('3', '[1, 2]', 'ndarray of shape (64, 64) and dtype float64')
+    """
+    if value is None or isinstance(value, (bool, int, float, str, np.generic)):
+        text = repr(value)
+        return text if len(text) <= 80 else text[:77] + "..."
+    kind = type(value).__name__
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    if shape is None and isinstance(value, (list, tuple)):
+        try:
+            array = np.asarray(value)
+        except (TypeError, ValueError):
+            array = None
+        if array is not None and array.dtype != object and array.size <= 6:
+            text = repr(value)
+            if len(text) <= 80:
+                return text
+        if array is not None and array.dtype != object:
+            shape, dtype = array.shape, None
+        else:
+            return f"{kind} of length {len(value)}"
+    if shape is None:
+        text = repr(value)
+        return text if len(text) <= 80 else f"an object of type {kind}"
+    text = f"{kind} of shape {tuple(shape)}"
+    if dtype is not None:
+        try:
+            text += f" and dtype {keras.backend.standardize_dtype(dtype)}"
+        except (TypeError, ValueError):
+            text += f" and dtype {dtype}"
+    return text
+
+
+def input_arrays(x, y, name: str, rows_error: str):
+    """A model's inputs and targets as NumPy arrays, with as many rows each.
+
+    ``x`` is an array, or a dict or list of arrays (a model with several
+    inputs, such as a keras-hub model); its structure is kept. ``name`` is
+    the argument named when ``x`` is not arrays, ``rows_error`` the message
+    (before the counts) when the rows differ.
+    """
+    several = isinstance(x, (list, tuple)) and len(x) > 0
+    if isinstance(x, dict) or (several and all(hasattr(a, "shape") for a in x)):
+        x = keras.tree.map_structure(np.asarray, x)
+    else:
+        try:
+            x = np.asarray(x)
+        except (TypeError, ValueError) as e:
+            raise TypeError(
+                f"`{name}` must hold an array, or a dict or list of arrays. "
+                f"Received: {name}={describe(x)}"
+            ) from e
+    y = np.asarray(y)
+    rows = {len(part) for part in keras.tree.flatten(x)}
+    if rows != {len(y)} or len(y) == 0:
+        raise ValueError(
+            f"{rows_error} Received: {', '.join(map(str, sorted(rows)))} and {len(y)}"
+        )
+    return x, y
+
+
+# -- (variable, mask) pairs -------------------------------------------------
+def to_update_scale(mask, shape, *, name: str = "mask") -> np.ndarray:
+    """Validate a mask that may also scale updates; return it as float32.
+
+    Booleans, index lists and 0.0/1.0 arrays are read as by :func:`to_mask`
+    (1.0 = trainable). A floating-point array may also hold values strictly
+    between 0 and 1: each is the fraction of the optimizer's update that the
+    entry receives (0.0 frozen, 1.0 the full update).
+
+    Raises:
+        ValueError: for a wrong shape, or a value outside [0, 1] (NaN included).
+
+    >>> to_update_scale([1.0, 0.5, 0.0], (3,))
+    array([1. , 0.5, 0. ], dtype=float32)
+    """
+    shape = normalize_shape(shape)
+    array = _as_numpy(mask, name)
+    if not np.issubdtype(array.dtype, np.floating):
+        return to_mask(array, shape, name=name).astype(np.float32)
+    _check_shape(array, shape, name)
+    bad = ~((array >= 0.0) & (array <= 1.0))
+    if bad.any():
+        raise ValueError(
+            f"`{name}` is a floating-point mask, so every value must lie in "
+            f"[0, 1] (the fraction of each entry's update). Received the value "
+            f"{array[bad].ravel()[0]!r} in {name}={describe(array)}"
+        )
+    return array.astype(np.float32)
+
+
+def pair_masks(masks, variables, *, name: str = "masks", scales: bool = False):
+    """Match a list of ``(variable, mask)`` pairs to ``variables``.
+
+    This is the one structure every ``masks=`` argument of the package takes:
+    a list (or tuple) of ``(variable, mask)`` pairs. A variable that no pair
+    names trains in full.
+
+    Args:
+        masks: the pairs. Each variable must be one of ``variables`` and may
+            appear once; each mask must fit its variable.
+        variables: the variables, in the order the result follows.
+        name: the argument's name, used in error messages.
+        scales: accept floating-point masks with values in [0, 1]
+            (:func:`to_update_scale`); the results are then float32 arrays.
+
+    Returns:
+        A list as long as ``variables``: for each, its validated mask (a
+        boolean array, or float32 with ``scales=True``) or ``None``.
+
+    Raises:
+        TypeError: if ``masks`` is not a list of pairs, or a pair does not
+            hold a variable.
+        ValueError: for a variable that is not among ``variables``, a variable
+            named twice, or a mask that does not fit.
+    """
+    pairs = check_pairs(masks, name=name)
+    position = {id(v): i for i, v in enumerate(variables)}
+    out: list = [None] * len(variables)
+    for i, (variable, mask) in enumerate(pairs):
+        index = position.get(id(variable))
+        if index is None:
+            raise ValueError(
+                f"`{name}[{i}]` names a variable that is not among the "
+                f"variables being trained. Received: {variable_path(variable)!r}; "
+                f"expected one of {[variable_path(v) for v in variables][:8]}"
+            )
+        if out[index] is not None:
+            raise ValueError(
+                f"`{name}[{i}]` gives a second mask for {variable_path(variable)!r}; "
+                "give each variable one mask"
+            )
+        shape = normalize_shape(tuple(variable.shape), name=f"{name}[{i}] shape")
+        convert = to_update_scale if scales else to_mask
+        out[index] = convert(mask, shape, name=f"{name}[{i}]")
+    return out
+
+
+def check_pairs(masks, *, name: str = "masks") -> list[tuple]:
+    """Check that ``masks`` is a list of ``(variable, mask)`` pairs; return it."""
+    return variable_pairs(masks, name=name, slot=0, kind="(variable, mask)")
+
+
+def variable_pairs(items, *, name: str, slot: int, kind: str) -> list[tuple]:
+    """Check a list of pairs holding a variable at index ``slot``; return it.
+
+    The one check of ``masks`` (``(variable, mask)``) and ``grads_and_vars``
+    (``(gradient, variable)``) arguments.
+    """
+    if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
+        raise TypeError(
+            f"`{name}` must be a list of {kind} pairs. Received: "
+            f"{name}={describe(items)}"
+        )
+    pairs = []
+    for i, pair in enumerate(items):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise TypeError(
+                f"`{name}[{i}]` must be a {kind} pair. Received: "
+                f"{name}[{i}]={describe(pair)}"
+            )
+        if not backend.is_variable(pair[slot]):
+            where = "start" if slot == 0 else "end"
+            raise TypeError(
+                f"`{name}[{i}]` must {where} with a variable (a keras.Variable "
+                f"or tf.Variable); a slice such as w[0] is a new tensor, not a "
+                f"view. Received an object of type {type(pair[slot]).__name__}"
+            )
+        pairs.append((pair[0], pair[1]))
+    return pairs

@@ -34,8 +34,7 @@ import keras
 import numpy as np
 
 from refimpl import backend
-from refimpl._checks import describe, input_arrays, normalize_shape
-from refimpl.masks import as_array
+from refimpl.masks import as_array, describe, input_arrays, normalize_shape
 
 # In the order of the API page: the scored masks, then the structured ones.
 __all__ = [

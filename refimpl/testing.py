@@ -13,8 +13,7 @@ import re
 import keras
 import numpy as np
 
-from refimpl._checks import describe
-from refimpl.masks import as_array, to_mask
+from refimpl.masks import as_array, describe, to_mask
 
 __all__ = ["moved", "assert_frozen", "count_free_parameters", "count_optimizer_state"]
 

@@ -17,25 +17,11 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from refimpl import _compat, backend
-from refimpl._variable_arguments import (
-    check_exact,
-    check_sparse_rank,
-    float_array,
-    read_arguments,
-)
-from refimpl.masks import to_mask
-from refimpl.ops import (
-    SelectMask,
-    compose,
-    index_dtype,
-    mode_for,
-    sparse_matmul,
-    xla_enabled,
-)
-from refimpl.ops import (
-    initializer as _constant,
-)
+from refimpl import _compat
+from refimpl.masks import as_array, check_int, describe, normalize_shape, to_mask
+from refimpl.ops import check_mode, mode_for, sparse_matmul
+from refimpl.ops import initializer as _constant
+from refimpl.partial import PartialWeight
 
 __all__ = ["PartialVariable"]
 
@@ -140,40 +126,35 @@ class PartialVariable(keras.layers.Layer):
                 mode = mode_for(int(bool_mask.sum()), shape, jit_compile=False)
                 auto = mode != "select"
             check_sparse_rank(mode, shape)
-            flat = np.flatnonzero(bool_mask)
-            num_free = len(flat)
-        self.mode = mode
-        self.auto = bool(auto)
-        self._select = SelectMask(shape)
-        self._shape = shape
-        self._num_free = num_free
-        self._loaded = value is not None
-        free_shape = shape if mode == "select" else (num_free,)
-        # A shell starts with marks that no loaded model holds: positions
-        # out of range and a NaN base. `_check_loaded` looks for them once.
-        size = int(np.prod(shape))
-        self.base = self.add_weight(
+            num_free = int(bool_mask.sum())
+        self._holder_kind = "PartialVariable"
+        # A shell's base and positions hold the shell's marks until loaded.
+        base = self.add_weight(
             name="base",
             shape=shape,
-            initializer=_constant(value, fill=np.nan),
+            initializer=(
+                _compat.shell_initializer(self.variable_dtype)
+                if value is None
+                else _constant(value)
+            ),
             trainable=False,
         )
-        self.positions = self.add_weight(
-            name="positions",
-            shape=(num_free,),
-            dtype=index_dtype(shape),
-            initializer=_constant(None if value is None else flat, fill=size),
-            trainable=False,
+        flat = None if value is None else np.flatnonzero(bool_mask)
+        self.partial_weight = PartialWeight.create(
+            self,
+            base,
+            flat,
+            num_free=num_free,
+            mode=mode,
+            auto=auto,
+            names=("free", "positions"),
+            positions_first=True,
         )
-        if value is None:
-            start = None
-        elif mode != "select":
-            start = value.reshape(-1)[flat]
-        else:
-            start = value
-        self.free = self.add_weight(
-            name="free", shape=free_shape, initializer=_constant(start)
-        )
+        # The holder's variables, also as attributes (what tf.train.Checkpoint
+        # names them by).
+        self.base = base
+        self.positions = self.partial_weight.positions
+        self.free = self.partial_weight.free
         self.built = True
 
     @classmethod
@@ -206,7 +187,7 @@ class PartialVariable(keras.layers.Layer):
         >>> PartialVariable(np.zeros((2, 3), "float32"), [[0, 1]]).shape
         (2, 3)
         """
-        return self._shape
+        return self.partial_weight.shape
 
     @property
     def num_free(self) -> int:
@@ -218,7 +199,7 @@ class PartialVariable(keras.layers.Layer):
         >>> pv.num_free, tuple(pv.free.shape)  # the select form's free is full-size
         (2, (2, 3))
         """
-        return self._num_free
+        return self.partial_weight.num_free
 
     @property
     def mask(self) -> np.ndarray:
@@ -231,10 +212,7 @@ class PartialVariable(keras.layers.Layer):
         array([[0, 1, 0],
                [0, 0, 1]])
         """
-        self._check_loaded()
-        mask = np.zeros(int(np.prod(self._shape)), bool)
-        mask[backend.read_now(self.positions)] = True
-        return mask.reshape(self._shape)
+        return self.partial_weight.mask
 
     @property
     def indices(self) -> np.ndarray:
@@ -247,9 +225,7 @@ class PartialVariable(keras.layers.Layer):
         array([[0, 1],
                [1, 2]])
         """
-        self._check_loaded()
-        flat = backend.read_now(self.positions).astype(np.int64)
-        return np.stack(np.unravel_index(flat, self._shape), axis=-1)
+        return self.partial_weight.indices
 
     def value(self):
         """Return the dense tensor: free values at their positions, base elsewhere.
@@ -267,12 +243,7 @@ class PartialVariable(keras.layers.Layer):
         array([[1., 9.],
                [3., 4.]], dtype=float32)
         """
-        self._check_loaded()
-        base, free = self.base.value, self.free.value  # autocast in a call
-        if self.mode == "select":
-            mask = self._select(self.positions)
-            return compose(base, self.positions.value, free, mode="select", mask=mask)
-        return compose(base, self.positions.value, free)
+        return self.partial_weight.value()
 
     def matmul(self, x):
         """Return ``x @ value()`` in the fastest exact form of the mode.
@@ -297,18 +268,19 @@ class PartialVariable(keras.layers.Layer):
         >>> keras.ops.convert_to_numpy(pv.matmul(np.ones((1, 2), "float32")))
         array([[1., 1.]], dtype=float32)
         """
-        if len(self._shape) != 2:
+        shape = self.shape
+        if len(shape) != 2:
             raise ValueError(
                 "`matmul` needs a matrix: this PartialVariable has shape "
-                f"{self._shape}. Use `x @ value()` for other ranks"
+                f"{shape}. Use `x @ value()` for other ranks"
             )
         x = keras.ops.convert_to_tensor(x)
-        if not x.shape or x.shape[-1] not in (None, self._shape[0]):
+        if not x.shape or x.shape[-1] not in (None, shape[0]):
             raise ValueError(
-                f"`x` must end in an axis of size {self._shape[0]} (the "
+                f"`x` must end in an axis of size {shape[0]} (the "
                 f"matrix's rows). Received: x.shape={tuple(x.shape)}"
             )
-        self._check_loaded()
+        self.partial_weight.check_loaded()
         if self.product_mode() == "sparse":
             base, free = self.base.value, self.free.value  # autocast in a call
             x = keras.ops.cast(x, base.dtype)
@@ -332,9 +304,7 @@ class PartialVariable(keras.layers.Layer):
         >>> pv.mode, pv.auto, pv.product_mode()  # sparse with or without XLA
         ('sparse', True, 'sparse')
         """
-        if not self.auto or not xla_enabled():
-            return self.mode
-        return mode_for(self._num_free, self._shape, jit_compile=True)
+        return self.partial_weight.product_mode()
 
     def call(self, *args, **kwargs):
         raise TypeError(
@@ -342,22 +312,93 @@ class PartialVariable(keras.layers.Layer):
             "read it with `.value()` inside your layer's `call`."
         )
 
-    def _check_loaded(self) -> None:
-        # A shell is filled by load_model, load_weights, set_weights or an
-        # assign: whichever it was, its marks are gone. Read once, eagerly.
-        if self._loaded:
-            return
-        size = int(np.prod(self._shape))
-        positions = backend.read_now(self.positions)
-        base = backend.read_now(self.base)
-        self._loaded = not (
-            np.any(positions >= size) or (size > 0 and np.all(np.isnan(base)))
-        )
-        if not self._loaded:
-            raise _compat.require_loaded(f"PartialVariable '{self.name}'")
+    # The members of the holder, on the PartialVariable itself.
+    mode = property(lambda self: self.partial_weight.mode, doc="The form in use.")
+    auto = property(
+        lambda self: self.partial_weight.auto,
+        doc="Whether ``mode='auto'`` chose the form (see :meth:`product_mode`).",
+    )
 
     def get_config(self) -> dict:
-        config = {"mode": self.mode, "shape": list(self._shape)}
-        config["num_free"] = self._num_free
-        config["auto"] = self.auto
+        pw = self.partial_weight
+        config = {"mode": pw.mode, "shape": list(pw.shape)}
+        config["num_free"] = pw.num_free
+        config["auto"] = pw.auto
         return {**super().get_config(), **config}
+
+
+# -- the constructor's arguments ----------------------------------------------
+def read_arguments(initial_value, mask, mode, shape, num_free, auto):
+    """Check :class:`PartialVariable`'s arguments: a value and a mask, or a shell.
+
+    Returns ``(value, shape, num_free)``: the dense value as a floating
+    NumPy array (``None`` for a shell), its shape, and the shell's count.
+    """
+    check_mode(mode)
+    if not isinstance(auto, (bool, np.bool_)):
+        raise TypeError(f"`auto` must be a bool. Received: auto={describe(auto)}")
+    if auto and mode not in ("sparse", "delta"):
+        raise ValueError(
+            "`auto` goes with a resolved mode 'sparse' or 'delta' (what "
+            f"mode='auto' resolves to). Received: auto=True, mode={describe(mode)}"
+        )
+    shell = initial_value is None and mask is None
+    if shell:
+        if shape is None or num_free is None:
+            raise ValueError(
+                "`initial_value` and `mask` are required. (Only a shell "
+                "rebuilt from a saved config gives `shape` and `num_free` "
+                "instead.) Received: initial_value=None, mask=None"
+            )
+        if mode == "auto":
+            raise ValueError("A shell needs its resolved `mode`. Received: 'auto'")
+        shape = normalize_shape(shape, name="shape")
+        num_free = check_int(num_free, "num_free", maximum=int(np.prod(shape)))
+        value = None
+        check_sparse_rank(mode, shape)
+    else:
+        if initial_value is None or mask is None:
+            missing, given = (
+                ("initial_value", "mask")
+                if initial_value is None
+                else ("mask", "initial_value")
+            )
+            raise ValueError(
+                f"`{missing}` is required with `{given}`. Received: {missing}=None"
+            )
+        if shape is not None or num_free is not None:
+            extra = "shape" if shape is not None else "num_free"
+            raise ValueError(
+                f"`{extra}` is only for a shell rebuilt from a config, "
+                "which has no `initial_value` or `mask`: give one or the "
+                f"other. Received: shape={describe(shape)}, "
+                f"num_free={describe(num_free)}"
+            )
+        value = float_array(initial_value)
+        shape = tuple(value.shape)
+    return value, shape, num_free
+
+
+def check_sparse_rank(mode: str, shape) -> None:
+    if mode == "sparse" and len(shape) != 2:
+        raise ValueError(
+            "mode='sparse' is a matrix product: it needs a 2-D tensor. "
+            f"Received a tensor of shape {tuple(shape)}"
+        )
+
+
+def check_exact(value: np.ndarray, dtype: str) -> None:
+    # The promise is bit-for-bit frozen entries: a dtype that rounds them
+    # would break it before the first step, so the rounding must be asked for.
+    cast = np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(value, dtype)))
+    if not np.array_equal(cast.astype(value.dtype), value, equal_nan=True):
+        raise ValueError(
+            f"`dtype` {dtype!r} cannot hold the values of `initial_value` "
+            f"({value.dtype.name}) exactly, so the frozen entries would be "
+            "rounded. Cast the values yourself to accept that, for example "
+            f"`initial_value.astype({dtype!r})`. Received: dtype={dtype!r}"
+        )
+
+
+def float_array(value, name: str = "initial_value") -> np.ndarray:
+    return as_array(value, name, kind="floating", what="a floating-point tensor")

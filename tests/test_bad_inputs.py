@@ -317,7 +317,7 @@ CASES = [
     ("save_partial_weights_path_type", "save_partial_weights", lambda: refimpl.save_partial_weights(_small_model(), 3), TypeError, "path", "3"),
     ("save_partial_weights_nothing_partial", "save_partial_weights", lambda: refimpl.save_partial_weights(_small_model(), "x.npz"), ValueError, "model", "sequential"),
     ("load_partial_weights_not_model", "load_partial_weights", lambda: refimpl.load_partial_weights("m", "x.npz"), TypeError, "model", "'m'"),
-    ("trainable_summary_print_fn", "trainable_summary", lambda: refimpl.trainability.trainable_summary(_small_model(), print_fn=3), TypeError, "print_fn", "3"),
+    ("trainable_summary_print_fn", "trainable_summary", lambda: refimpl.convert.trainable_summary(_small_model(), print_fn=3), TypeError, "print_fn", "3"),
     ("enable_partial_not_layer", "enable_partial", lambda: refimpl.enable_partial("d", EYE), TypeError, "layer", "'d'"),
     ("enable_partial_unsupported", "enable_partial", lambda: refimpl.enable_partial(keras.layers.Dropout(0.1), EYE), TypeError, "layer", "Dropout"),
     ("enable_partial_not_built", "enable_partial", lambda: refimpl.enable_partial(keras.layers.Dense(3), EYE), ValueError, "layer", "dense"),
@@ -365,9 +365,9 @@ CASES = [
     ("drop_and_grow_in_predict", "DropAndGrow", lambda: _partial_small().predict(W3, callbacks=[refimpl.DropAndGrow((W3, W3))], verbose=0), ValueError, "callbacks", "predict"),
     ("drop_and_grow_outside_fit", "DropAndGrow", lambda: refimpl.DropAndGrow((W3, W3)).on_train_batch_end(0), ValueError, "callbacks", "outside fit"),
     ("drop_and_grow_optimizer", "DropAndGrow", lambda: _drop_and_grow_fit(_partial_small(), keras.optimizers.Adafactor()), ValueError, "optimizer", "Adafactor"),
-    ("regrow_model", "regrow", lambda: refimpl.drop_and_grow.regrow("model", (W3, W3), fraction=0.5), TypeError, "model", "'model'"),
-    ("regrow_batches", "regrow", lambda: refimpl.drop_and_grow.regrow(_partial_small(), (W3, W3), fraction=0.5, batches=0), ValueError, "batches", "0"),
-    ("regrow_no_loss", "regrow", lambda: refimpl.drop_and_grow.regrow(_partial_small(), (W3, W3), fraction=0.5), ValueError, "loss", "None"),
+    ("regrow_model", "regrow", lambda: refimpl.callbacks.regrow("model", (W3, W3), fraction=0.5), TypeError, "model", "'model'"),
+    ("regrow_batches", "regrow", lambda: refimpl.callbacks.regrow(_partial_small(), (W3, W3), fraction=0.5, batches=0), ValueError, "batches", "0"),
+    ("regrow_no_loss", "regrow", lambda: refimpl.callbacks.regrow(_partial_small(), (W3, W3), fraction=0.5), ValueError, "loss", "None"),
     ("plot_mask_int", "plot_mask", lambda: refimpl.plotting.plot_mask([[1, 0]]), TypeError, "mask", "shape (1, 2)"),
 ]  # fmt: skip
 

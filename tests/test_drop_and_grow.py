@@ -16,7 +16,7 @@ import pytest
 
 import refimpl
 from refimpl import selection
-from refimpl.drop_and_grow import regrow
+from refimpl.callbacks import regrow
 
 pytestmark = pytest.mark.every_backend
 

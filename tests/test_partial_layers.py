@@ -22,7 +22,7 @@ import pytest
 
 import refimpl
 from refimpl import selection
-from refimpl.layers.enable import PARTIAL_CLASSES, partial_class
+from refimpl.layers.partial import PARTIAL_CLASSES, partial_class
 
 pytestmark = pytest.mark.every_backend
 
@@ -372,7 +372,7 @@ def test_the_rest_is_frozen_by_default_and_train_keeps_named_layers():
         *(w.path for w in kept.get_layer("bn").trainable_weights),
         *(w.path for w in kept.get_layer("head").trainable_weights),
     ]
-    rows = refimpl.trainability.trainable_summary(kept)
+    rows = refimpl.convert.trainable_summary(kept)
     assert [(r["kind"], r["trainable"]) for r in rows] == [
         ("partial", 1),
         ("full", 2),

@@ -68,7 +68,7 @@ def test_masked_optimizer_from_config_matches_masks_by_path_not_index():
 
 
 def test_masked_optimizer_from_config_refuses_an_ambiguous_path():
-    from refimpl.optimizers.masked import _find_path
+    from refimpl.optimizers import _find_path
 
     inner = [keras.Variable(np.zeros(2), name="kernel") for _ in range(2)]
     # Two variables whose paths both end in the saved path.

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import refimpl
-from refimpl import _slices
+from refimpl import ops
 from refimpl.testing import assert_frozen
 from tests.models import X, Y
 from tests.models import attention_model as _model
@@ -75,7 +75,7 @@ def _assert_trained_as_delta(layers, references, start):
     ],
 )
 def test_rectangle_finds_whole_slices_and_nothing_else(positions, shape, expected):
-    found = _slices.rectangle(positions, shape)
+    found = ops.rectangle(positions, shape)
     if expected is None:
         assert found is None
         return
@@ -94,7 +94,7 @@ def test_rectangle_finds_whole_slices_and_nothing_else(positions, shape, expecte
     ],
 )
 def test_kernel_axes_of_einsum_equations(equation, expected):
-    assert _slices.kernel_axes(equation) == expected
+    assert ops.kernel_axes(equation) == expected
 
 
 @pytest.mark.parametrize("mode", ["slices", "auto"])

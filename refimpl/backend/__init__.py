@@ -20,8 +20,6 @@ import importlib
 
 import keras
 
-from refimpl._checks import describe
-
 # The public names; the backend-specific functions below are refimpl's own.
 __all__ = ["name", "require_tensorflow"]
 
@@ -31,7 +29,7 @@ name = keras.backend.backend()
 if name not in ("tensorflow", "jax", "torch"):
     raise ImportError(
         "refimpl runs on the Keras backends 'tensorflow', 'jax' and 'torch'. "
-        f"Received: KERAS_BACKEND={describe(name)}"
+        f"Received: KERAS_BACKEND={name!r}"
     )
 
 _impl = importlib.import_module(f"refimpl.backend._{name}")
@@ -45,6 +43,7 @@ batch_gradients = _impl.batch_gradients
 variable_gradients = _impl.variable_gradients
 is_variable = _impl.is_variable
 is_symbolic = _impl.is_symbolic
+in_xla_context = _impl.in_xla_context
 
 
 def require_tensorflow(what: str) -> None:

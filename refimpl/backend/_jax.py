@@ -147,3 +147,8 @@ def is_symbolic(value) -> bool:
     (False, [True])
     """
     return isinstance(value, jax.core.Tracer)
+
+
+def in_xla_context() -> bool:
+    """Always: JAX compiles every traced function with XLA."""
+    return True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
 
 
 def read_now(variable) -> np.ndarray:
@@ -138,3 +139,14 @@ def is_symbolic(value) -> bool:
     (False, True)
     """
     return not tf.executing_eagerly() or not hasattr(value, "numpy")
+
+
+def in_xla_context() -> bool:
+    """Whether the function being traced is compiled by XLA (``jit_compile=True``).
+
+    ``False`` eagerly and in a plain ``tf.function``. (The sparse product is
+    plain ``keras.ops``; a version on ``tf.sparse.sparse_dense_matmul`` was no
+    faster under ``tf.function`` and does not compile under XLA.)
+    """
+    graph = tf.compat.v1.get_default_graph()
+    return bool(control_flow_util.GraphOrParentsInXlaContext(graph))

@@ -111,3 +111,8 @@ def is_symbolic(value) -> bool:
     False
     """
     return False
+
+
+def in_xla_context() -> bool:
+    """Never: PyTorch runs without XLA."""
+    return False

@@ -1,59 +1,140 @@
-"""One mechanism for a Keras layer whose weight is trainable only at some entries.
+"""Keras layers whose weight is trainable only at some entries: the partial layers.
 
 It is the pattern of Keras' own ``Dense.enable_lora`` and of
-``torch.nn.utils.parametrize``, for each layer class that
-:func:`~refimpl.layers.classes.supported_classes` lists (``Dense``,
-``EinsumDense``, the convolutions, the embeddings, the RNN cells). One weight
-per layer is partial, the one :func:`~refimpl.layers.classes.target_weight`
-names (the ``kernel`` or ``embeddings``, or another such as
-``recurrent_kernel``):
+``torch.nn.utils.parametrize``. A *partial class* is the subclass of a Keras
+layer class whose weight is trainable only at some entries
+(``PartialConv2D`` of ``Conv2D``; :class:`PartialDense` of ``Dense``): one
+weight per layer, the one :func:`target_weight` names (the ``kernel`` or
+``embeddings``, or another such as ``recurrent_kernel``), is held by a
+:class:`~refimpl.partial.PartialWeight`:
 
 * the layer's own weight stays where it is, as the frozen **base**
   (``trainable=False``);
 * two weights are added: ``partial_free``, the ``k`` trainable values (in the
   ``"select"`` form a kernel-sized weight, with kernel-sized optimizer state), and
-  ``partial_positions``, their flat positions (non-trainable, int32, int64
-  above 2**31 entries);
+  ``partial_positions``, their flat positions;
 * the weight's property (``kernel``, ``embeddings``) returns the base with the free
   values written in (:func:`refimpl.ops.compose`), so the layer's own ``call``
   runs unchanged, and every output equals the original layer's bit for bit
   until the free values move.
 
-Each partial class is a subclass of the plain one with a name of its own
-(``PartialConv2D``, registered as ``refimpl>PartialConv2D``);
-:class:`~refimpl.layers.dense.PartialDense` can also be built from a mask. An
-optimizer sees only the free values (``k`` values of state per slot; as many
-as the weight has entries in the ``"select"`` form), so frozen entries keep
-their bits under every optimizer. A reloaded layer has the same weights bit for bit;
-:meth:`~PartialWeightMixin.to_dense` and
+Each supported Keras class gets its partial class here when refimpl is
+imported (``PartialDense`` is written out below):
+
+* a weight behind a property (``Dense``, ``EinsumDense``, ``Conv1D``-``3D``,
+  ``Embedding``, ``ReversibleEmbedding``): the partial class overrides the
+  property;
+* a weight kept as a plain attribute (``Conv1DTranspose``-``3DTranspose``,
+  ``DepthwiseConv1D``/``2D``): the partial class adds a property of that name,
+  which shadows the attribute and composes it;
+* a layer with two weights of that kind (``SeparableConv1D``/``2D``: the
+  depthwise and the pointwise kernel; ``SimpleRNNCell``, ``LSTMCell`` and
+  ``GRUCell``: ``kernel`` and ``recurrent_kernel``): one of them is partial, the
+  first (``depthwise_kernel``, ``kernel``) unless ``weight=`` names the other
+  (:func:`target_weight`).
+
+A subclass of one of them from Keras or keras-hub (keras-hub's
+``ReversibleEmbedding``), and keras-hub's ``PositionEmbedding``, get theirs on
+first use, without refimpl importing keras-hub. Those share one registered
+name, ``refimpl>PartialLayer``, whose loader rebuilds them from the plain class
+their config names, so a fresh process loads them too.
+
+This module holds the shared mechanism (:class:`PartialWeightMixin`), the
+registry of partial classes with the code that makes them, :class:`PartialDense`
+and :func:`enable_partial`. An optimizer sees only the free values, so frozen
+entries keep their bits under every optimizer. A reloaded layer has the same
+weights bit for bit; :meth:`~PartialWeightMixin.to_dense` and
 :func:`refimpl.merge <refimpl.convert.merge>` give the plain layer back.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
+import importlib
+import types
 
 import keras
 import numpy as np
 
-from refimpl import _compat, _layouts, _slices, backend
-from refimpl.layers import _products
-from refimpl.layers._pieces import (
-    _count,
-    _is_partial_weight,
-)
-from refimpl.ops import (
-    SelectMask,
-    compose,
-    index_dtype,
-    mode_for,
-    xla_enabled,
-)
-from refimpl.ops import (
-    initializer as _constant,
+from refimpl import _compat, _layouts, ops
+from refimpl.masks import describe, mask_shape, to_mask
+from refimpl.ops import LAYER_MODES, check_mode, compose, mode_for, sparse_matmul
+from refimpl.partial import PartialWeight
+
+__all__ = [
+    "PARTIAL_CLASSES",
+    "PartialDense",
+    "PartialWeightMixin",
+    "enable_partial",
+    "partial_class",
+    "supported_classes",
+    "target_weight",
+]
+
+_ELEMENTWISE_REGULARIZERS = (
+    keras.regularizers.L1,
+    keras.regularizers.L2,
+    keras.regularizers.L1L2,
 )
 
-__all__ = ["PartialWeightMixin"]
+
+# A constraint that acts entry by entry gives the free values exactly what it
+# would give the composed weight's free entries.
+_ELEMENTWISE_CONSTRAINTS = (keras.constraints.NonNeg,)
+
+
+def _count(mask) -> int:
+    """The number of free entries of a mask or index list, before any shape."""
+    array = np.asarray(keras.ops.convert_to_numpy(mask))
+    if array.dtype == bool or np.issubdtype(array.dtype, np.floating):
+        return int((array != 0).sum())
+    return int(array.shape[0]) if array.size else 0
+
+
+def _composing(plain_class, target, attribute: bool = False):
+    """The property that returns the composed weight, where the layer reads it."""
+    doc = f"The {target}, the frozen base with the free values."
+    if attribute:
+        # The plain class sets the variable as an attribute; it is kept in the
+        # instance's dict, which this property (a data descriptor) shadows.
+        def fget_attribute(self):
+            try:
+                value = self.__dict__[target]
+            except KeyError:
+                raise AttributeError(target) from None
+            if self._partial_target != target:
+                return value  # another weight of the layer is the partial one
+            return self._partial_value(value)
+
+        def fset(self, value):
+            self.__dict__[target] = value
+
+        return property(fget_attribute, fset, doc=doc)
+    inherited = getattr(plain_class, target)
+
+    def fget(self):
+        value = inherited.fget(self)
+        return value if self._partial_target != target else self._partial_value(value)
+
+    return property(fget, doc=doc)
+
+
+def _splittable_regularizer(regularizer) -> bool:
+    """Whether a kernel regularizer can act on the free entries alone."""
+    return regularizer is None or isinstance(regularizer, _ELEMENTWISE_REGULARIZERS)
+
+
+def _check_constraint(constraint, name) -> None:
+    if constraint is not None and not isinstance(constraint, _ELEMENTWISE_CONSTRAINTS):
+        raise ValueError(
+            f"Layer {name!r} has a kernel constraint, "
+            f"{type(constraint).__name__}, that is not elementwise, so it "
+            "cannot act on the free entries alone (Keras' `enable_lora` refuses "
+            "kernel constraints too). Remove it, or keep it as a full-variable "
+            "technique (`refimpl.FreezeEntries`, `refimpl.MaskedOptimizer`). "
+            f"Received: kernel_constraint={type(constraint).__name__}"
+        )
 
 
 def _plain_class(layer) -> type:
@@ -62,16 +143,20 @@ def _plain_class(layer) -> type:
 
 
 class PartialWeightMixin:
-    """What a partial class adds to its Keras class: the members below, which
-    every partial layer has (:class:`~refimpl.layers.dense.PartialDense`,
-    ``PartialConv2D``, ...).
+    """What a partial class adds to its Keras class.
+
+    Every partial layer (:class:`~refimpl.layers.partial.PartialDense`,
+    ``PartialConv2D``, ...) holds its partial weight as ``partial_weight``, a
+    :class:`~refimpl.partial.PartialWeight` (``.mask``, ``.free``,
+    ``.positions``, ``.base``, ``.num_free``, ``.mode``), and has the methods
+    below.
 
     >>> from refimpl import enable_partial
     >>> from refimpl.layers.partial import PartialWeightMixin
     >>> layer = keras.layers.Embedding(3, 2)
     >>> layer.build((None,))
     >>> enable_partial(layer, [[2, 0], [2, 1]])  # the last row
-    >>> isinstance(layer, PartialWeightMixin), layer.num_free
+    >>> isinstance(layer, PartialWeightMixin), layer.partial_weight.num_free
     (True, 2)
     """
 
@@ -89,19 +174,10 @@ class PartialWeightMixin:
 
     # -- the weight the layer's call reads ----------------------------------
     def _partial_value(self, value):
-        free = getattr(self, "partial_free", None)
-        if free is None:
+        holder = self.__dict__.get("partial_weight")
+        if holder is None:
             return value
-        self._partial_check_loaded()
-        positions = self.partial_positions
-        if self._partial_mode == "select":
-            mask = self._partial_select(positions)
-            value = compose(
-                value, positions.value, free.value, mode="select", mask=mask
-            )
-        else:
-            value = compose(value, positions.value, free.value)
-        return _layouts.constrained(value, self._partial_base())
+        return holder.value(value.value if hasattr(value, "value") else value)
 
     def _partial_base(self):
         if self._partial_attributes.get(self._partial_target, False):
@@ -120,8 +196,8 @@ class PartialWeightMixin:
             # a Dense or EinsumDense kernel: the benchmark's real-model rows
             # and columns.
             axes = self._partial_slice_axes()
-            if num_free < size / 2 and _slices.is_matrix_product(axes):
-                sets = positions is not None and _slices.rectangle(positions, shape)
+            if num_free < size / 2 and ops.is_matrix_product(axes):
+                sets = positions is not None and ops.rectangle(positions, shape)
                 if sets and any(axis is None for axis in sets):
                     mode, auto = "slices", False
             if mode == "sparse" and not self._partial_sparse_product:
@@ -134,61 +210,32 @@ class PartialWeightMixin:
                 f"computes through its kernel. Received: mode='sparse' for layer "
                 f"{self.name!r} of type {_plain_class(self).__name__}"
             )
-        base.trainable = False
-        flat = None if positions is None else keras.ops.convert_to_numpy(base)
-        if positions is None:  # a shell: the positions come with the weights
-            start_positions = keras.initializers.Constant(size)
-            start_free = "zeros"
-        else:
-            start_positions = _constant(positions)
-            start_free = _constant(
-                flat if mode == "select" else flat.ravel()[positions]
-            )
-        with (
-            _compat.unlocked(self),
-            _layouts.partial_weights(self, base, select=mode == "select"),
-        ):
-            self.partial_free = self.add_weight(
-                name="partial_free",
-                shape=shape if mode == "select" else (num_free,),
-                initializer=start_free,
-                dtype=base.dtype,
-                # An elementwise penalty on the free values gives them the
-                # plain layer's gradient; the frozen part is a constant.
-                regularizer=base.regularizer,
-                constraint=base.constraint,
-            )
-            self.partial_positions = self.add_weight(
-                name="partial_positions",
-                shape=(num_free,),
-                initializer=start_positions,
-                dtype=index_dtype(shape),
-                trainable=False,
-            )
-        self._partial_num_free = int(num_free)
-        self._partial_mode = mode
-        self._partial_auto = bool(auto)
-        self._partial_select = SelectMask(shape)
-        self._partial_loaded = positions is not None
-        self._partial_sets = (
-            _slices.rectangle(positions, shape)
-            if mode == "slices" and flat is not None
-            else None
+        holder = PartialWeight.create(
+            self,
+            base,
+            positions,
+            num_free=num_free,
+            mode=mode,
+            auto=auto,
+            names=("partial_free", "partial_positions"),
         )
+        self.__dict__["partial_weight"] = holder  # not a Keras-tracked attribute
+        if mode == "slices" and positions is not None:
+            holder.sets = ops.rectangle(positions, shape)
 
-    # -- the "slices" form (refimpl._slices) --------------------------------------
+    # -- the "slices" form (refimpl.ops) --------------------------------------
     def _partial_slice_axes(self):
         """Where each kernel axis goes in the product, or None: no slices form."""
-        return _slices.layer_axes(self, self._partial_target)
+        return ops.layer_axes(self, self._partial_target)
 
     def _partial_check_slices(self, positions, shape):
-        _slices.check(self, positions, shape, self._partial_target)
+        ops.check_slices(self, positions, shape, self._partial_target)
 
     def rematerialized_call(self, layer_call, *args, **kwargs):
         wrapped = super().rematerialized_call(layer_call, *args, **kwargs)
-        if getattr(self, "partial_free", None) is None:
+        if self.__dict__.get("partial_weight") is None:
             return wrapped
-        return _products.rematerialized(self, layer_call, wrapped)
+        return _rematerialized(self, layer_call, wrapped)
 
     def build(self, input_shape):
         super().build(input_shape)
@@ -215,121 +262,32 @@ class PartialWeightMixin:
         >>> [w.name for w in layer.trainable_weights]  # the bias no more
         ['partial_free']
         """
+        free = self.partial_weight.free
         for variable in self.weights:
-            if variable is not getattr(self, "partial_free", None):
+            if variable is not free:
                 variable.trainable = False
         self._partial_rest_frozen = True
 
-    def _partial_require_built(self, attribute: str) -> None:
-        try:
-            self._partial_mode  # noqa: B018  (set when the layer is built)
-        except AttributeError:
-            raise AttributeError(
-                f"Build the layer before reading `{attribute}`. "
-                f"Received: {self.name!r}, not built"
-            ) from None
-
     def _partial_check_loaded(self):
-        if self._partial_loaded:
-            return
-        size = int(np.prod(self._partial_base().shape))
-        # None inside a JAX step, where the value is traced state: a layer
-        # that was never checked eagerly cannot be trusted there.
-        positions = backend.try_read_now(self.partial_positions)
-        self._partial_loaded = positions is not None and not np.any(positions >= size)
-        if not self._partial_loaded:
-            raise _compat.require_loaded(f"Layer '{self.name}'")
-        if self._partial_mode == "slices":
-            shape = tuple(self._partial_base().shape)
-            self._partial_check_slices(positions, shape)
-            self._partial_sets = _slices.rectangle(positions, shape)
+        self.partial_weight.check_loaded()
 
     def set_weights(self, weights):
         super().set_weights(weights)
-        self._partial_loaded = False
-        self._partial_check_loaded()
+        self.partial_weight.check_loaded(again=True)
 
-    # -- what it is --------------------------------------------------------------
-    @property
-    def trainable_mask(self) -> np.ndarray:
-        """The boolean mask of the partial weight (``True`` = trainable).
-
-        >>> from refimpl import enable_partial
-        >>> layer = keras.layers.Dense(2)
-        >>> layer.build((None, 3))
-        >>> enable_partial(layer, [[0, 1], [2, 0]])
-        >>> layer.trainable_mask.astype(int)
-        array([[0, 1],
-               [0, 0],
-               [1, 0]])
-        """
-        self._partial_require_built("trainable_mask")
-        self._partial_check_loaded()
-        base = self._partial_base()
-        mask = np.zeros(int(np.prod(base.shape)), bool)
-        mask[backend.read_now(self.partial_positions)] = True
-        return mask.reshape(tuple(base.shape))
-
-    @property
-    def base_weight(self):
-        """The layer's own weight variable (with its ``path``), now the frozen
-        base; ``layer.kernel`` (``embeddings``) is the composed tensor, as under
-        Keras' LoRA.
-
-        >>> from refimpl import enable_partial
-        >>> layer = keras.layers.Dense(2, name="d")
-        >>> layer.build((None, 3))
-        >>> enable_partial(layer, [[0, 1]])
-        >>> layer.base_weight.path, layer.base_weight.trainable
-        ('d/kernel', False)
-        """
-        self._partial_require_built("base_weight")
-        return self._partial_base()
-
-    @property
-    def num_free(self) -> int:
-        """The number of trainable entries of the partial weight.
-
-        >>> from refimpl import enable_partial
-        >>> layer = keras.layers.Dense(2)
-        >>> layer.build((None, 3))
-        >>> enable_partial(layer, [[0, 1], [2, 0]], mode="select")
-        >>> layer.num_free, tuple(layer.partial_free.shape)  # select: full-size
-        (2, (3, 2))
-        """
-        self._partial_require_built("num_free")
-        return self._partial_num_free
-
-    @property
-    def partial_mode(self) -> str:
-        """The form in use (``"auto"`` resolved when built), one of ``"delta"``,
-        ``"sparse"``, ``"select"`` and ``"slices"``."""
-        self._partial_require_built("partial_mode")
-        return self._partial_mode
-
-    def product_mode(self) -> str:
-        """The form the product uses in the step being traced.
-
-        Returns:
-            The form, as a ``str``: :attr:`partial_mode`, with one exception.
-            A ``Dense`` layer whose kernel ``mode="auto"`` built in the
-            ``"sparse"`` form gives ``"delta"`` when XLA compiles the step
-            and at least :data:`~refimpl.ops.SPARSE_BELOW_DENSITY_XLA` of its
-            entries are free (the two forms hold the same weights). Every
-            other layer, ``EinsumDense`` and ``Embedding`` included, keeps its
-            built form.
-
-        >>> from refimpl import enable_partial
-        >>> layer = keras.layers.Dense(100)
-        >>> layer.build((None, 100))
-        >>> enable_partial(layer, [[0, 0]], mode="auto")  # 1 of 10,000 free
-        >>> layer.partial_mode, layer.product_mode()  # sparse with or without XLA
-        ('sparse', 'sparse')
-        """
-        if not self._partial_auto or not xla_enabled():
-            return self._partial_mode
-        shape = tuple(self._partial_base().shape)
-        return mode_for(self._partial_num_free, shape, jit_compile=True)
+    def __getattr__(self, name):
+        # Reached only for a name the layer does not have.
+        if name in _MOVED_MEMBERS:
+            raise AttributeError(
+                f"`{name}` of a partial layer moved in refimpl 3.0: use "
+                f"`layer.partial_weight.{_MOVED_MEMBERS[name]}`."
+            )
+        parent = getattr(super(), "__getattr__", None)  # torch.nn.Module's
+        if parent is None:
+            raise AttributeError(
+                f"{type(self).__name__!r} object has no attribute {name!r}"
+            )
+        return parent(name)
 
     # -- saving ------------------------------------------------------------------
     # Every variable as it is, as any Keras layer saves: the base untouched,
@@ -340,13 +298,13 @@ class PartialWeightMixin:
 
     def load_own_variables(self, store):
         keras.layers.Layer.load_own_variables(self, store)
-        self._partial_loaded = False
-        self._partial_check_loaded()
+        self.partial_weight.check_loaded(again=True)
 
     def get_config(self) -> dict:
         config = super().get_config()
-        if hasattr(self, "_partial_num_free"):
-            shell = (self._partial_num_free, self._partial_mode, self._partial_auto)
+        holder = self.__dict__.get("partial_weight")
+        if holder is not None:
+            shell = (holder.num_free, holder.mode, holder.auto)
         elif getattr(self, "_partial_shell", None) is not None:
             shell = self._partial_shell
         else:  # a PartialDense not built yet
@@ -357,9 +315,7 @@ class PartialWeightMixin:
         if self._partial_target != type(self)._partial_target:
             config["target"] = self._partial_target
         if self._partial_on_demand:
-            from refimpl.layers.classes import plain_class_config
-
-            config["plain_class"] = plain_class_config(self._partial_plain_class())
+            config["plain_class"] = _compat.class_config(self._partial_plain_class())
         return config
 
     @classmethod
@@ -377,15 +333,13 @@ class PartialWeightMixin:
     # -- the way out ---------------------------------------------------------------
     @classmethod
     def _partial_plain_class(cls):
-        return next(c for c in cls.__mro__ if c in _PLAIN_TO_PARTIAL)
+        return next(c for c in cls.__mro__ if c in PLAIN_TO_PARTIAL)
 
     def _partial_record(self) -> dict:
         """What a shell of this layer needs: its free count and its form."""
         return {
             "target": self._partial_target,
-            "num_free": self._partial_num_free,
-            "mode": self._partial_mode,
-            "auto": self._partial_auto,
+            **self.partial_weight.record(),
             "rest_trainable": not getattr(self, "_partial_rest_frozen", False),
         }
 
@@ -393,7 +347,7 @@ class PartialWeightMixin:
         """Turn this layer back into its plain class, in place, bit for bit.
 
         The trained weight is written into the layer's own variable, which
-        trains again; ``partial_free`` and ``partial_positions`` are removed.
+        trains again; the free values and positions are removed.
         What :func:`refimpl.merge <refimpl.convert.merge>` does to every
         partial layer, at any depth.
 
@@ -413,21 +367,14 @@ class PartialWeightMixin:
 
     def _fold(self) -> None:
         """``fold`` without the garbage collection, for a whole model at once."""
-        self._partial_check_loaded()
+        holder = self.partial_weight
+        holder.check_loaded()
         value = keras.ops.convert_to_numpy(getattr(self, self._partial_target))
-        base = self._partial_base()
-        for name in ("partial_free", "partial_positions"):
-            # Keras' Layer.__delattr__ without its gc.collect() per variable,
-            # which took most of the time of merging a model of many layers.
-            self._untrack_variable(getattr(self, name))
-            super(keras.layers.Layer, self).__delattr__(name)
+        base = holder.base
+        for variable in (holder.free, holder.positions):
+            _compat.untrack_variable(self, variable)
         for name in (
-            "_partial_num_free",
-            "_partial_mode",
-            "_partial_auto",
-            "_partial_select",
-            "_partial_sets",
-            "_partial_loaded",
+            "partial_weight",
             "_partial_shell",
             "_partial_rest_frozen",
             "_partial_target",
@@ -461,12 +408,13 @@ class PartialWeightMixin:
         plain_class = self._partial_plain_class()
         plain = plain_class.from_config(plain_class.get_config(self))
         plain.build_from_config(self.get_build_config())
+        holder = self.partial_weight
         weights = []
         for variable in self.variables:
-            if _is_partial_weight(variable):
+            if variable is holder.free or variable is holder.positions:
                 continue
             value = variable
-            if variable is self._partial_base():
+            if variable is holder.base:
                 value = getattr(self, self._partial_target)
             # Copies: JAX's trainer donates a model's buffers to its step.
             weights.append(np.array(keras.ops.convert_to_numpy(value)))
@@ -475,5 +423,927 @@ class PartialWeightMixin:
         return plain
 
 
-# The partial class of each plain class (`PartialDense` adds itself).
-_PLAIN_TO_PARTIAL: dict[type, type] = {}
+# Layer members of refimpl 2.x, and where they are in 3.0.
+_MOVED_MEMBERS = {
+    "trainable_mask": "mask",
+    "base_weight": "base",
+    "num_free": "num_free",
+    "partial_mode": "mode",
+    "product_mode": "product_mode()",
+    "partial_free": "free",
+    "partial_positions": "positions",
+}
+
+
+# -- the products a partial layer computes itself ---------------------------------
+# The products a partial layer computes itself, without the composed kernel.
+#
+# The plain class's ``call`` multiplies by (or looks up in) the composed
+# kernel, which is what every partial layer does by default. Two cases take
+# over the product:
+#
+# * the ``"slices"`` form (:mod:`refimpl.ops`), which never composes the
+#   kernel;
+# * a layer under ``keras.RematScope`` that Keras would rematerialize: its
+#   product, composition included, is recomputed in the backward pass
+#   (``keras.remat``), so the composed kernel is not kept from the forward
+#   pass. The layer recomputes it itself with positional tensors: Keras' own
+#   wrapper passes ``call``'s keyword arguments to ``tf.recompute_grad``, which
+#   refuses them inside a ``tf.function`` (keras#21207), so under TensorFlow
+#   it fails for a plain ``Dense`` in ``fit``.
+
+
+def _product(layer):
+    if isinstance(layer, keras.layers.EinsumDense):
+        equation = layer.equation
+        return lambda a, b: keras.ops.einsum(equation, a, b)
+    if isinstance(layer, keras.layers.Dense):
+        return keras.ops.matmul
+    padding = layer.padding
+    causal = padding == "causal"  # Conv1D's: padded on the left, as its call does
+
+    def convolution(x, kernel):
+        if causal:
+            x = keras.ops.pad(x, _compat.causal_padding(layer))
+        return keras.ops.conv(
+            x,
+            kernel,
+            strides=list(layer.strides),
+            padding="valid" if causal else padding,
+            dilation_rate=layer.dilation_rate,
+            data_format=layer.data_format,
+        )
+
+    return convolution
+
+
+def _bias(layer, y, dtype):
+    bias = keras.ops.cast(layer.bias, dtype)
+    if getattr(layer, "data_format", "channels_last") == "channels_first":
+        bias = keras.ops.reshape(bias, (1, -1) + (1,) * layer.rank)
+    return keras.ops.add(y, bias)
+
+
+def _takes_over(layer) -> bool:
+    """Whether ``layer``'s own ``call`` does not multiply by the composed kernel."""
+    holder = layer.__dict__.get("partial_weight")
+    mode = None if holder is None else holder.mode
+    if mode == "slices":
+        return True
+    return mode == "delta" and getattr(layer, "_partial_recompute", False)
+
+
+def _output(layer, inputs):
+    """The layer's output, by :func:`_takes_over`'s product."""
+    holder = layer.partial_weight
+    holder.check_loaded()
+    dtype = layer.compute_dtype
+    if isinstance(layer, keras.layers.Embedding):  # whole rows, looked up
+        ids = inputs
+        if keras.backend.standardize_dtype(ids.dtype) not in ("int32", "int64"):
+            ids = keras.ops.cast(ids, "int32")
+        base = holder.base.value
+        free = holder.free.value
+        rows = holder.sets[0]
+        return keras.ops.cast(ops.row_lookup(ids, base, free, rows), dtype)
+    base = keras.ops.cast(holder.base.value, dtype)
+    free = keras.ops.cast(holder.free.value, dtype)
+    product = _product(layer)
+    if holder.mode == "slices":
+        axes = layer._partial_slice_axes()
+        sets = holder.sets
+        y = ops.slice_product(inputs, base, free, sets, axes, product)
+    else:
+
+        def composed_product(x, base, positions, free):
+            return product(x, compose(base, positions, free))
+
+        positions = holder.positions.value
+        y = keras.remat(composed_product)(inputs, base, positions, free)
+    if layer.bias is not None:
+        y = _bias(layer, y, dtype)
+    return layer.activation(y) if layer.activation is not None else y
+
+
+def _product_call(plain_class):
+    """The ``call`` of the partial class of a class :func:`output` computes.
+
+    It has the plain class's signature, ``(inputs, training=None)`` for
+    ``Dense`` and ``EinsumDense``, ``(inputs)`` for a convolution or an
+    ``Embedding``, which Keras reads to decide what to pass; ``None`` for
+    other classes, whose ``call`` is the plain one.
+    """
+    with_training = (keras.layers.Dense.call, keras.layers.EinsumDense.call)
+    inputs_only = (
+        keras.layers.Conv1D.call,
+        keras.layers.Conv2D.call,
+        keras.layers.Embedding.call,
+    )
+    if plain_class.call in with_training:
+
+        def call(self, inputs, training=None):
+            if _takes_over(self):
+                return _output(self, inputs)
+            return plain_class.call(self, inputs, training=training)
+
+        return call
+    if plain_class.call in inputs_only:
+
+        def call(self, inputs):
+            if _takes_over(self):
+                return _output(self, inputs)
+            return plain_class.call(self, inputs)
+
+        return call
+    return None  # a call of its own: left to it
+
+
+def _rematerialized(layer, layer_call, wrapped):
+    """What ``Layer.rematerialized_call`` returns for a partial layer.
+
+    ``wrapped`` is Keras' answer: ``layer_call`` itself when the layer is not
+    rematerialized. Otherwise a partial ``Dense`` or ``EinsumDense`` in the
+    ``"delta"`` form recomputes its own product instead (see the module
+    docstring); other layers and Keras' ``"activations"`` mode keep Keras'.
+    """
+    mode = _compat.remat_mode(layer)
+    if (
+        wrapped is layer_call
+        or mode == "activations"
+        or layer.partial_weight.mode != "delta"
+        or not ops.is_product(layer._partial_slice_axes())
+    ):
+        return wrapped
+
+    @functools.wraps(layer_call)
+    def recomputing(*args, **kwargs):
+        layer._partial_recompute = True
+        try:
+            return layer_call(*args, **kwargs)
+        finally:
+            layer._partial_recompute = False
+
+    return recomputing
+
+
+# The partial class of each plain class.
+PLAIN_TO_PARTIAL: dict[type, type] = {}
+# plain class: its weights that can be partial, the default first, each with
+# whether it is a plain attribute
+_SPECS: dict[type, tuple[tuple[str, bool], ...]] = {}
+# Classes of other packages, known by module and name (never imported here).
+_BY_NAME = {
+    ("keras_hub.src.layers.modeling.position_embedding", "PositionEmbedding"): (
+        ("position_embeddings", True),
+    ),
+}
+_ON_DEMAND_NAME = "refimpl>PartialLayer"
+
+
+def _make(plain_class, targets=(("kernel", False),), on_demand=False):
+    name = f"Partial{plain_class.__name__}"
+    names = " or ".join(f"``{target}``" for target, _ in targets)
+    namespace = {
+        "_partial_target": targets[0][0],
+        "_partial_attributes": dict(targets),
+        "_partial_on_demand": on_demand,
+        "__module__": __name__,
+        "__qualname__": name,
+        "__doc__": (
+            f"A ``{plain_class.__module__.split('.')[0]}`` "
+            f"``{plain_class.__name__}`` whose {names} is trainable only "
+            "at some entries: made by "
+            ":func:`refimpl.partialize <refimpl.convert.partialize>` or "
+            ":func:`refimpl.enable_partial "
+            "<refimpl.layers.partial.enable_partial>`."
+        ),
+    }
+    for target, attribute in targets:
+        namespace[target] = _composing(plain_class, target, attribute)
+    call = _product_call(plain_class)
+    if call is not None:
+        namespace["call"] = call
+    cls = type(name, (PartialWeightMixin, plain_class), namespace)
+    _SPECS[plain_class] = tuple(targets)
+    if on_demand:
+        _compat.register_under(cls, _ON_DEMAND_NAME, _Loader)
+    else:
+        keras.saving.register_keras_serializable(package="refimpl", name=name)(cls)
+    PLAIN_TO_PARTIAL[plain_class] = cls
+    return cls
+
+
+class _Loader:
+    """Rebuilds an on-demand partial class from the plain class its config names."""
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        ref = config.pop("plain_class")
+        plain = keras.saving.get_registered_object(ref["registered_name"])
+        if plain is None:
+            plain = vars(importlib.import_module(ref["module"]))[ref["class_name"]]
+        return partial_class(plain).from_config(config)
+
+
+# The one name of the on-demand classes loads in a fresh process, before any
+# of them is made there.
+keras.saving.get_custom_objects()[_ON_DEMAND_NAME] = _Loader
+
+
+@keras.saving.register_keras_serializable(package="refimpl")
+class PartialDense(PartialWeightMixin, keras.layers.Dense):
+    """A ``keras.layers.Dense`` whose kernel is trainable only in a mask.
+
+    The partial class of
+    `Dense <https://keras.io/api/layers/core_layers/dense/>`__: what
+    :func:`refimpl.partialize <refimpl.convert.partialize>` and
+    :func:`~refimpl.layers.partial.enable_partial` make of a Dense layer, and the
+    layer to build from a mask. The ``Dense`` arguments work as for Dense, with
+    two limits: a ``kernel_regularizer`` must be elementwise (L1, L2 or L1L2),
+    and a ``kernel_constraint`` must act on each entry alone (``NonNeg``);
+    others raise ``ValueError``. The kernel initializer draws the whole
+    starting kernel (the frozen entries and the free values' start).
+
+    Args:
+        units: the output size, as for Dense.
+        trainable_mask: the trainable kernel entries: a boolean mask of shape
+            ``[input_dim, units]`` or an index list of shape ``[k, 2]``.
+        mode: the form (see :ref:`the forms <api-forms>`); ``"slices"`` for
+            whole rows, columns or a block of the kernel.
+        rest_trainable: whether the bias trains (``False`` is what
+            :func:`refimpl.partialize <refimpl.convert.partialize>` gives a converted
+            layer).
+        **kwargs: every other ``keras.layers.Dense`` argument.
+
+    Loading a saved layer also passes ``num_free`` and ``auto``; you never pass
+    them. (They rebuild a :term:`shell`, an empty layer with ``num_free`` free
+    values whose positions and values come with the saved weights, and
+    ``auto`` says whether its mode was ``"auto"``.)
+
+    Attributes:
+        partial_weight: the :class:`~refimpl.partial.PartialWeight` of the
+            kernel: its ``free`` values (the weight ``partial_free``), their
+            ``positions`` (``partial_positions``), the frozen ``base`` (the
+            layer's own ``kernel`` variable), ``mask`` and ``num_free``.
+
+    The classes that :func:`refimpl.partialize <refimpl.convert.partialize>`
+    makes for other layers (``PartialConv2D``, ...) hold the same two weights;
+    they are made from a built layer, by ``partialize`` or
+    :func:`~refimpl.layers.partial.enable_partial`, not constructed directly.
+    Besides :meth:`from_dense` and ``kernel``, every member (``partial_weight``,
+    ``freeze_rest``, ``fold``, ``to_dense``) is that of every partial layer:
+    see :class:`~refimpl.layers.partial.PartialWeightMixin`.
+
+    >>> from refimpl import PartialDense
+    >>> layer = PartialDense(2, [[0, 0], [2, 1]], use_bias=False)
+    >>> layer.build((None, 3))
+    >>> [(w.name, tuple(w.shape), w.trainable) for w in layer.weights]
+    [('kernel', (3, 2), False), ('partial_free', (2,), True), \
+('partial_positions', (2,), False)]
+    """
+
+    kernel = _composing(keras.layers.Dense, "kernel")
+    _partial_sparse_product = True
+
+    def __init__(
+        self,
+        units,
+        trainable_mask=None,
+        *,
+        mode: str = "delta",
+        num_free: int | None = None,
+        auto: bool = False,
+        rest_trainable: bool = True,
+        **kwargs,
+    ):
+        if isinstance(units, bool) or not isinstance(units, (int, np.integer)):
+            raise TypeError(
+                f"`units` must be a positive int. Received: units={describe(units)}"
+            )
+        super().__init__(int(units), **kwargs)
+        check_mode(mode, allowed=LAYER_MODES)
+        shape = None if trainable_mask is None else mask_shape(trainable_mask)
+        if shape is not None and shape[1:] != (self.units,):
+            raise ValueError(
+                f"`trainable_mask` must have shape [input_dim, {self.units}]. "
+                f"Received a mask of shape {shape}"
+            )
+        if trainable_mask is None and num_free is None:
+            raise ValueError(
+                "`trainable_mask` is required: a boolean mask of shape "
+                f"[input_dim, {self.units}] or an index list of shape [k, 2]. "
+                "Received: trainable_mask=None"
+            )
+        if trainable_mask is not None and num_free is not None:
+            raise ValueError(
+                "`num_free` is only for a shell rebuilt from a config, which has "
+                "no `trainable_mask`: give one or the other. "
+                f"Received: num_free={describe(num_free)} with a trainable_mask"
+            )
+        _check_constraint(self.kernel_constraint, self.name)
+        regularizer = self.kernel_regularizer
+        if not _splittable_regularizer(regularizer):
+            raise ValueError(
+                "`kernel_regularizer` must be elementwise (L1, L2 or L1L2) to be "
+                "split between free and frozen entries. Received: "
+                f"kernel_regularizer={type(regularizer).__name__}"
+            )
+        if not isinstance(rest_trainable, bool):
+            raise TypeError(
+                "`rest_trainable` must be True or False. "
+                f"Received: rest_trainable={describe(rest_trainable)}"
+            )
+        self._partial_rest_frozen = not rest_trainable
+        self._partial_given = (trainable_mask, mode)
+        self._partial_shell = None
+        if trainable_mask is None:
+            self._partial_shell = (num_free, mode, bool(auto))
+
+    def build(self, input_shape):
+        keras.layers.Dense.build(self, input_shape)
+        shell = getattr(self, "_partial_shell", None)
+        given = getattr(self, "_partial_given", (None, None))
+        if shell is not None:
+            self._partial_add_weights(shell[0], None, shell[1], shell[2])
+        elif given[0] is not None:
+            shape = tuple(self._kernel.shape)
+            mask = to_mask(given[0], shape, name="trainable_mask")
+            positions = np.flatnonzero(mask)
+            self._partial_add_weights(len(positions), positions, given[1], False)
+        if self._partial_rest_frozen:
+            self.freeze_rest()
+
+    def call(self, inputs, training=None):
+        if _takes_over(self):
+            return _output(self, inputs)
+        holder = self.__dict__.get("partial_weight")
+        if holder is None or holder.product_mode() != "sparse":
+            return super().call(inputs, training=training)
+        holder.check_loaded()
+        x = sparse_matmul(
+            inputs, self._kernel.value, holder.positions.value, holder.free.value
+        )
+        if self.bias is not None:
+            x = keras.ops.add(x, self.bias)
+        return self.activation(x) if self.activation is not None else x
+
+    @classmethod
+    def from_config(cls, config):
+        """A shell of the saved layer; its values come with its weights.
+
+        Returns:
+            An unbuilt ``PartialDense``, usable once its weights load.
+        """
+        return cls(**config)
+
+    @classmethod
+    def from_dense(cls, dense, trainable_mask, *, mode: str = "delta") -> PartialDense:
+        """A partial copy of a built ``keras.layers.Dense``; ``dense`` is unchanged.
+
+        Returns:
+            A built ``PartialDense`` whose kernel, bias and outputs equal the
+            Dense layer's, bit for bit.
+
+        >>> from refimpl import PartialDense
+        >>> dense = keras.layers.Dense(2)
+        >>> dense.build((None, 3))
+        >>> layer = PartialDense.from_dense(dense, np.eye(3, 2, dtype=bool))
+        >>> kernel = keras.ops.convert_to_numpy(layer.kernel)
+        >>> bool(np.array_equal(kernel, keras.ops.convert_to_numpy(dense.kernel)))
+        True
+        """
+        if type(dense) is not keras.layers.Dense or not dense.built:
+            raise TypeError(
+                "`dense` must be a built keras.layers.Dense. "
+                f"Received: dense={describe(dense)}"
+            )
+        kernel_shape = tuple(dense.kernel.shape)
+        to_mask(trainable_mask, kernel_shape, name="trainable_mask")  # names it
+        copy = keras.layers.Dense.from_config(dense.get_config())
+        copy.build_from_config(dense.get_build_config())
+        copy.set_weights([np.array(w) for w in dense.get_weights()])
+        enable_partial(copy, trainable_mask, mode=mode)
+        return copy
+
+
+PLAIN_TO_PARTIAL[keras.layers.Dense] = PartialDense
+_SPECS[keras.layers.Dense] = (("kernel", False),)
+
+
+_KERNEL = (("kernel", False),)
+_EMBEDDINGS = (("embeddings", False),)
+_ATTRIBUTE = (("kernel", True),)
+for _plain, _targets in (
+    (keras.layers.EinsumDense, _KERNEL),
+    (keras.layers.Conv1D, _KERNEL),
+    (keras.layers.Conv2D, _KERNEL),
+    (keras.layers.Conv3D, _KERNEL),
+    (keras.layers.Embedding, _EMBEDDINGS),
+    (keras.layers.ReversibleEmbedding, _EMBEDDINGS),
+    (keras.layers.Conv1DTranspose, _ATTRIBUTE),
+    (keras.layers.Conv2DTranspose, _ATTRIBUTE),
+    (keras.layers.Conv3DTranspose, _ATTRIBUTE),
+    (keras.layers.DepthwiseConv1D, _ATTRIBUTE),
+    (keras.layers.DepthwiseConv2D, _ATTRIBUTE),
+    (
+        keras.layers.SeparableConv1D,
+        (("depthwise_kernel", True), ("pointwise_kernel", True)),
+    ),
+    (
+        keras.layers.SeparableConv2D,
+        (("depthwise_kernel", True), ("pointwise_kernel", True)),
+    ),
+    (keras.layers.SimpleRNNCell, (("kernel", True), ("recurrent_kernel", True))),
+    (keras.layers.LSTMCell, (("kernel", True), ("recurrent_kernel", True))),
+    (keras.layers.GRUCell, (("kernel", True), ("recurrent_kernel", True))),
+):
+    _make(_plain, _targets)
+
+#: The partial class of each supported Keras layer class, a read-only mapping
+#: (``PARTIAL_CLASSES[keras.layers.Dense]`` is ``PartialDense``): every class
+#: supported from the start, and a class made on first use (keras-hub's) once
+#: :func:`partial_class` has made it.
+PARTIAL_CLASSES = types.MappingProxyType(PLAIN_TO_PARTIAL)
+
+
+def supported_classes() -> tuple[type, ...]:
+    """The Keras layer classes that have a partial class (and keras-hub's, once
+    made: its ``ReversibleEmbedding`` and ``PositionEmbedding``).
+
+    Returns:
+        A tuple of Keras layer classes.
+
+    >>> from refimpl.layers.partial import supported_classes
+    >>> keras.layers.Conv2D in supported_classes()
+    True
+    """
+    return tuple(PLAIN_TO_PARTIAL)
+
+
+def _spec(layer_class):
+    if layer_class in _SPECS:
+        return _SPECS[layer_class]
+    key = (layer_class.__module__, layer_class.__name__)
+    if key in _BY_NAME:
+        return _BY_NAME[key]
+    if layer_class.__module__.split(".")[0] in ("keras", "keras_hub"):
+        for base in layer_class.__mro__[1:]:
+            if base in _SPECS:
+                return _SPECS[base]
+    return None
+
+
+def is_supported(layer_class) -> bool:
+    """Whether a layer class has (or can be given) a partial class.
+
+    Returns:
+        A Python ``bool``.
+
+    >>> from refimpl.layers.partial import is_supported
+    >>> is_supported(keras.layers.Embedding), is_supported(keras.layers.Dropout)
+    (True, False)
+    """
+    return isinstance(layer_class, type) and (
+        layer_class in PLAIN_TO_PARTIAL.values() or _spec(layer_class) is not None
+    )
+
+
+def supported_names() -> list[str]:
+    """The names an error message lists."""
+    names = [c.__name__ for c in PLAIN_TO_PARTIAL]
+    return sorted(set(names) | {"PositionEmbedding"}, key=names.__contains__)
+
+
+def partial_class(layer_class: type) -> type:
+    """The partial class of a Keras layer class (``PartialDense`` for ``Dense``).
+
+    Returns:
+        The partial class (a ``type``), a subclass of ``layer_class``.
+
+    Raises:
+        TypeError: for a class this mechanism does not support.
+
+    >>> from refimpl.layers.partial import partial_class
+    >>> partial_class(keras.layers.Conv2D).__name__
+    'PartialConv2D'
+    """
+    if layer_class in PLAIN_TO_PARTIAL.values():
+        return layer_class
+    if layer_class in PLAIN_TO_PARTIAL:
+        return PLAIN_TO_PARTIAL[layer_class]
+    spec = _spec(layer_class) if isinstance(layer_class, type) else None
+    if spec is None:
+        raise TypeError(
+            "`layer_class` must be one of the layers with a kernel or an "
+            f"embedding table: {supported_names()}. Received: "
+            f"{getattr(layer_class, '__name__', describe(layer_class))}"
+        )
+    return _make(layer_class, spec, on_demand=True)
+
+
+def weight_names(layer) -> tuple[str, ...]:
+    """The weights of ``layer`` that can be partial, the default first.
+
+    >>> from refimpl.layers.partial import weight_names
+    >>> weight_names(keras.layers.LSTMCell(2))
+    ('kernel', 'recurrent_kernel')
+    """
+    if isinstance(layer, PartialWeightMixin):
+        return tuple(layer._partial_attributes)
+    return tuple(name for name, _ in _spec(type(layer)))
+
+
+def target_weight(layer, weight: str | None = None):
+    """The variable a partial form of ``layer`` freezes: its kernel (or
+    embeddings), or the weight named ``weight`` (``"recurrent_kernel"``).
+
+    Returns:
+        The ``keras.Variable`` (the base, once ``layer`` is partial).
+
+    >>> from refimpl.layers.partial import target_weight
+    >>> layer = keras.layers.Embedding(3, 2, name="emb")
+    >>> layer.build((None,))
+    >>> target_weight(layer).path
+    'emb/embeddings'
+    """
+    if isinstance(layer, PartialWeightMixin) and weight in (
+        None,
+        layer._partial_target,
+    ):
+        return layer._partial_base()
+    specs = dict(
+        layer._partial_attributes
+        if isinstance(layer, PartialWeightMixin)
+        else _spec(type(layer))
+    )
+    weight = weight or next(iter(specs))
+    if specs[weight]:
+        return layer.__dict__[weight]
+    return getattr(layer, "_" + weight)
+
+
+def enable_partial(
+    layer, mask, *, mode: str = "delta", weight: str | None = None
+) -> None:
+    """Make a built layer's kernel (or embeddings) trainable only in ``mask``.
+
+    In place, like Keras' ``enable_lora``: the layer becomes an instance of
+    its :func:`~refimpl.layers.partial.partial_class`, its weight becomes the frozen
+    base, and its
+    outputs do not change. Unlike :func:`~refimpl.convert.partialize`, this
+    freezes nothing else: the layer's bias and other weights keep training
+    (:meth:`layer.freeze_rest() <refimpl.layers.partial.PartialWeightMixin.freeze_rest>`
+    freezes them). Compile the model again after converting. On a sub-layer
+    of a layer that builds its own sub-layers (a ``MultiHeadAttention``
+    projection, a keras-hub block), call
+    :func:`mark_hosts` on the model before saving, so
+    that it reloads; :func:`~refimpl.convert.partialize` does this itself.
+
+    Args:
+        layer: a built layer of a supported class (not already partial).
+        mask: the trainable entries of its ``kernel`` (``embeddings`` for an
+            ``Embedding``): a boolean mask of the weight's shape or an index
+            list (see :func:`refimpl.masks.to_mask`).
+        mode: the form (see :ref:`the forms <api-forms>`): ``"delta"``,
+            ``"select"`` or ``"auto"`` for every layer, ``"sparse"`` for a
+            ``Dense`` layer, and ``"slices"`` for a weight free in whole
+            slices:
+
+            * a ``Dense`` or ``EinsumDense`` kernel: rows, columns, blocks,
+              heads;
+            * a convolution kernel: whole filters or input channels;
+            * an ``Embedding`` table: whole rows.
+        weight: which weight, for a layer with two that can be partial: a
+            ``SeparableConv``'s ``"depthwise_kernel"`` (the default) or
+            ``"pointwise_kernel"``, an RNN cell's ``"kernel"`` (the default)
+            or ``"recurrent_kernel"``. One weight per layer is partial.
+
+    Returns:
+        ``None``; ``layer`` changes in place.
+
+    Raises:
+        TypeError: for a layer of another class.
+        ValueError: for a layer that is not built, is already partial, uses
+            LoRA or quantization, has a regularizer or constraint that is not
+            elementwise, or a mask that does not fit.
+
+    >>> from refimpl import enable_partial
+    >>> layer = keras.layers.Dense(2)
+    >>> layer.build((None, 3))
+    >>> enable_partial(layer, [[0, 0], [2, 1]])
+    >>> type(layer).__name__, layer.partial_weight.num_free
+    ('PartialDense', 2)
+    >>> layer.partial_weight.base.trainable
+    False
+    """
+    if not isinstance(layer, keras.layers.Layer):
+        raise TypeError(
+            f"`layer` must be a Keras layer. Received: layer={describe(layer)}"
+        )
+    if isinstance(layer, PartialWeightMixin):
+        raise ValueError(
+            f"`layer` is already partially trainable. Received: layer={layer.name!r}"
+        )
+    plain = type(layer)
+    if not is_supported(plain):
+        raise TypeError(
+            f"`layer` must be one of {supported_names()}, "
+            f"whose weight this mechanism knows. Received: layer {layer.name!r} "
+            f"of type {plain.__name__}"
+        )
+    check_mode(mode, allowed=LAYER_MODES)
+    if not layer.built:
+        raise ValueError(
+            f"`layer` must be built (call the model once). Received: {layer.name!r}"
+        )
+    if getattr(layer, "lora_enabled", False) or getattr(
+        layer, "quantization_mode", None
+    ):
+        raise ValueError(
+            f"`layer` uses LoRA or quantization, which a partial weight does "
+            f"not combine with. Received: {layer.name!r}"
+        )
+    names = weight_names(layer)
+    if weight is not None and weight not in names:
+        raise ValueError(
+            f"`weight` must be one of {list(names)} for layer {layer.name!r} of "
+            f"type {plain.__name__}. Received: weight={describe(weight)}"
+        )
+    weight = weight or names[0]
+    base = target_weight(layer, weight)
+    target = base.path.split("/")[-1]
+    if not _splittable_regularizer(base.regularizer):
+        raise ValueError(
+            f"`layer` {layer.name!r} has a regularizer on its {target} that is "
+            "not elementwise (L1, L2 or L1L2), so it cannot be split between "
+            f"free and frozen entries. Received: {target}_regularizer="
+            f"{type(base.regularizer).__name__}"
+        )
+    _check_constraint(base.constraint, layer.name)
+    bool_mask = to_mask(mask, tuple(base.shape), name="mask")
+    check_layout(layer, base, bool_mask, mode, weight)
+    positions = np.flatnonzero(bool_mask)
+    layer.__class__ = partial_class(plain)
+    layer._partial_target = weight
+    try:
+        layer._partial_add_weights(len(positions), positions, mode, False)
+    except Exception:
+        # Refused before any weight was added: the layer stays as it was.
+        layer.__dict__.pop("_partial_target", None)
+        layer.__class__ = plain
+        raise
+
+
+def check_layout(layer, base, mask, mode, weight=None) -> None:
+    """Refuse, before converting, what the weights of ``mode`` cannot take:
+    a ``LayoutMap`` entry named for a partial weight that does not fit it,
+    or a mask of other than whole slices for ``"slices"``."""
+    num_free = int(np.count_nonzero(mask))
+    if mode == "slices":
+        positions = np.flatnonzero(to_mask(mask, tuple(base.shape), name="mask"))
+        name = weight or weight_names(layer)[0]
+        ops.check_slices(layer, positions, tuple(base.shape), name)
+    if mode == "auto":
+        mode = mode_for(num_free, tuple(base.shape), jit_compile=False)
+    _layouts.check_named(layer, base, num_free, select=mode == "select")
+
+
+def make_shell(
+    layer,
+    *,
+    num_free: int,
+    mode: str,
+    auto: bool,
+    rest_trainable: bool = True,
+    target: str | None = None,
+) -> None:
+    """Turn a built plain ``layer`` into a partial shell, in place.
+
+    Called by loaders (a user does not need it): a shell's free values and
+    positions come with the saved weights; :mod:`refimpl.layers.partial` says what
+    a rebuilt host does to its sub-layers.
+
+    >>> from refimpl.layers.partial import make_shell
+    >>> layer = keras.layers.Dense(2)
+    >>> layer.build((None, 3))
+    >>> make_shell(layer, num_free=2, mode="delta", auto=False)
+    >>> type(layer).__name__, tuple(layer.partial_free.shape)
+    ('PartialDense', (2,))
+    """
+    layer.__class__ = partial_class(type(layer))
+    layer._partial_target = target or layer._partial_target
+    layer._partial_add_weights(num_free, None, mode, auto)
+    if not rest_trainable:
+        layer.freeze_rest()
+
+
+# -- hosts: partial layers inside layers that build their own sub-layers ------
+# Partial layers inside layers that build their own sub-layers.
+#
+# A ``MultiHeadAttention`` builds its projections in its own ``build``; a
+# keras-hub ``TransformerDecoder`` builds its attention and feed-forward layers
+# there; a keras-hub backbone builds every layer in its constructor. Their
+# configs hold their own arguments, not their sub-layers' configs, so a model
+# rebuilt from its config has *plain* sub-layers where the saved model had
+# partial ones, and their saved weights do not fit.
+#
+# A **host** is a layer whose config does not record its sub-layers (any layer
+# except a plain functional or ``Sequential`` model and the wrappers
+# ``TimeDistributed`` and ``Bidirectional``; a subclass of a model, such as a
+# keras-hub backbone, is a host: :func:`is_container`). A partial layer's host
+# is the outermost such layer above it, if any. :func:`mark_hosts`
+# gives each host a subclass of its own class (``PartialMultiHeadAttention``,
+# ``PartialGPT2Backbone``) whose config adds what its partial sub-layers need:
+# their paths, free counts and modes, and which sub-layers are frozen. Loading
+# rebuilds the plain host from its own config, then turns those sub-layers into
+# shells that the saved weights fill. :func:`unmark_hosts` gives the plain class
+# back, as :func:`refimpl.merge <refimpl.convert.merge>` does.
+
+#: The one registered name of every host class; its loader is :class:`_Loader`.
+HOST_NAME = "refimpl>PartialHost"
+
+_HOST_CLASSES: dict[type, type] = {}
+
+
+def is_container(layer) -> bool:
+    """Whether ``layer``'s config holds its sub-layers' configs (and classes).
+
+    Returns:
+        A Python ``bool``.
+
+    >>> from refimpl.layers.partial import is_container
+    >>> is_container(keras.Sequential()), is_container(keras.layers.Dense(1))
+    (True, False)
+    """
+    return type(layer) in (
+        _compat.Functional,
+        keras.Sequential,
+        keras.layers.TimeDistributed,
+        keras.layers.Bidirectional,
+    )
+
+
+class HostMixin:
+    """What a host class adds to its plain class: the partial sub-layers' record."""
+
+    def get_config(self) -> dict:
+        plain = self._host_plain
+        return {
+            "layer": {
+                "module": plain.__module__,
+                "class_name": plain.__name__,
+                "registered_name": keras.saving.get_registered_name(plain),
+                "config": plain.get_config(self),
+                "build_config": self.get_build_config(),
+            },
+            "partial": [
+                {"path": _relative(self, sub), **sub._partial_record()}
+                for sub in _compat.sub_layers(self)
+                if isinstance(sub, PartialWeightMixin)
+            ],
+            "frozen": [
+                _relative(self, sub)
+                for sub in _compat.sub_layers(self)
+                if not sub.trainable and sub.path
+            ],
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return _Loader.from_config(config)
+
+
+class _Loader:
+    """Rebuilds a host from its config: the plain layer, then its shells."""
+
+    @classmethod
+    def from_config(cls, config):
+        layer = keras.saving.deserialize_keras_object(config["layer"])
+        install(layer, config["partial"], config.get("frozen", ()))
+        return layer
+
+
+# The one name of every host class loads in a fresh process, before any host
+# class is made there.
+keras.saving.get_custom_objects()[HOST_NAME] = _Loader
+
+
+def host_class(plain: type) -> type:
+    """The host class of a layer class, made once.
+
+    Every host class is registered under one name, ``refimpl>PartialHost``
+    (its loader rebuilds the plain layer, then its partial sub-layers).
+
+    >>> from refimpl.layers.partial import host_class
+    >>> host = host_class(keras.layers.MultiHeadAttention)
+    >>> host.__name__, host is host_class(keras.layers.MultiHeadAttention)
+    ('PartialMultiHeadAttention', True)
+    """
+    if issubclass(plain, HostMixin):
+        return plain
+    if plain not in _HOST_CLASSES:
+        name = f"Partial{plain.__name__}"
+        cls = type(
+            name,
+            (HostMixin, plain),
+            {
+                "_host_plain": plain,
+                "__module__": __name__,
+                "__qualname__": name,
+                "__doc__": (
+                    f"A ``{plain.__name__}`` that holds partial sub-layers: "
+                    "made by :func:`refimpl.partialize <refimpl.convert.partialize>`."
+                ),
+            },
+        )
+        _compat.register_under(cls, HOST_NAME, _Loader)
+        _HOST_CLASSES[plain] = cls
+    return _HOST_CLASSES[plain]
+
+
+def install(layer, records, frozen=()) -> None:
+    """Make a rebuilt plain ``layer`` a host again: its sub-layers become shells."""
+    by_path = {_relative(layer, sub): sub for sub in _compat.sub_layers(layer)}
+    for record in records:
+        record = dict(record)
+        path = record.pop("path")
+        sub = by_path.get(path)
+        if sub is None:
+            raise ValueError(
+                f"Layer {layer.name!r} ({type(layer).__name__}) was rebuilt "
+                f"without a sub-layer at {path!r}, where the saved model has a "
+                "partial layer: the layer's code builds different sub-layers "
+                "than when it was saved."
+            )
+        if not isinstance(sub, PartialWeightMixin):
+            make_shell(sub, **record)
+    for path in frozen:
+        if path in by_path:
+            by_path[path].trainable = False
+    layer.__class__ = host_class(type(layer))
+
+
+def mark_hosts(model) -> list:
+    """Give every host of a partial layer in ``model`` its host class.
+
+    ``model`` is a Keras model or layer.
+
+    :func:`refimpl.partialize <refimpl.convert.partialize>` calls it; call it
+    yourself after
+    :func:`refimpl.enable_partial <refimpl.layers.partial.enable_partial>` on a
+    sub-layer of a host (an attention layer's projection, say), before saving.
+
+    Returns:
+        The hosts it marked, outermost first.
+
+    >>> from refimpl.layers.partial import mark_hosts
+    >>> from refimpl import enable_partial
+    >>> attention = keras.layers.MultiHeadAttention(2, 4, kernel_initializer="zeros")
+    >>> attention.build((None, 3, 8), (None, 3, 8))
+    >>> enable_partial(attention.query_dense, [[0, 0, 0]])
+    >>> [type(host).__name__ for host in mark_hosts(attention)]
+    ['PartialMultiHeadAttention']
+    """
+    hosts: dict[int, object] = {}
+
+    def walk(layer, host):
+        for child in _compat.child_layers(layer):
+            if isinstance(child, PartialWeightMixin):
+                if host is not None:
+                    hosts[id(host)] = host
+                continue
+            walk(child, host if host is not None or is_container(child) else child)
+
+    walk(model, None if is_container(model) else model)
+    for host in hosts.values():
+        if not isinstance(host, HostMixin):
+            host.__class__ = host_class(type(host))
+    return list(hosts.values())
+
+
+def unmark_hosts(model) -> None:
+    """Give every host in ``model`` (and ``model`` itself) its plain class back.
+
+    Returns:
+        ``None``; the hosts change class in place.
+
+    >>> from refimpl.layers.partial import mark_hosts, unmark_hosts
+    >>> from refimpl import enable_partial
+    >>> attention = keras.layers.MultiHeadAttention(2, 4, kernel_initializer="zeros")
+    >>> attention.build((None, 3, 8), (None, 3, 8))
+    >>> enable_partial(attention.query_dense, [[0, 0, 0]])
+    >>> _ = mark_hosts(attention)
+    >>> unmark_hosts(attention)
+    >>> type(attention).__name__
+    'MultiHeadAttention'
+    """
+    for layer in [model, *_compat.sub_layers(model)]:
+        if isinstance(layer, HostMixin):
+            layer.__class__ = layer._host_plain
+
+
+def _relative(host, sub) -> str:
+    path = sub.path or sub.name
+    prefix = (host.path or host.name) + "/"
+    return path[len(prefix) :] if path.startswith(prefix) else path

@@ -22,8 +22,7 @@ backend.require_tensorflow("refimpl.tf.scipy_optimize")
 
 import tensorflow as tf  # noqa: E402
 
-from refimpl._checks import describe, normalize_shape  # noqa: E402
-from refimpl.masks import mask_to_indices, to_mask  # noqa: E402
+from refimpl.masks import describe, mask_to_indices, normalize_shape, to_mask  # noqa: E402  # noqa: E402
 
 __all__ = ["minimize"]
 

@@ -24,8 +24,13 @@ backend.require_tensorflow("refimpl.tf.stop_gradient")
 
 import tensorflow as tf  # noqa: E402
 
-from refimpl._checks import describe, normalize_shape  # noqa: E402
-from refimpl.masks import mask_constant, mask_to_indices, to_mask  # noqa: E402
+from refimpl.masks import (  # noqa: E402  # noqa: E402
+    describe,
+    mask_constant,
+    mask_to_indices,
+    normalize_shape,
+    to_mask,
+)
 
 __all__ = ["partially_trainable", "one_hot_trainable"]
 

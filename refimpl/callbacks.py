@@ -5,8 +5,8 @@ and re-chooses them while it trains: every few steps it drops the active
 entries whose change from the pretrained value is smallest and grows as many
 new ones where the gradient is largest. :class:`DropAndGrow` does this for
 every partial layer of a model (:func:`refimpl.partialize <refimpl.convert.partialize>`,
-the partial
-classes, :class:`refimpl.PartialDense <refimpl.layers.dense.PartialDense>`), as a Keras
+the partial classes, :class:`refimpl.PartialDense
+<refimpl.layers.partial.PartialDense>`), as a Keras
 callback;
 :func:`regrow` is one such update, for a custom training loop.
 
@@ -34,9 +34,9 @@ Choices, each tested:
   sorted, with the free values and their optimizer state moved along.
 
 The positions are a variable of the layer, so ``.keras`` files and
-:func:`refimpl.save_partial_weights <refimpl.files.save_partial_weights>` hold the
-current ones, and training
-continues from them after loading.
+:func:`refimpl.save_partial_weights
+<refimpl.trained_entries.save_partial_weights>` hold the current ones, and
+training continues from them after loading.
 """
 
 from __future__ import annotations
@@ -45,14 +45,10 @@ import keras
 import numpy as np
 
 from refimpl import _compat, backend
-from refimpl._checks import describe
-from refimpl._drop_and_grow_arguments import check_count as _check_count
-from refimpl._drop_and_grow_arguments import check_data as _check_data
-from refimpl._drop_and_grow_arguments import check_fraction as _check_fraction
-from refimpl._drop_and_grow_arguments import loss_of as _loss_of
 from refimpl._optimizer_state import check_optimizer as _check_optimizer
 from refimpl._optimizer_state import slots as _slots
 from refimpl.layers.partial import PartialWeightMixin
+from refimpl.masks import check_int, describe, input_arrays
 
 __all__ = ["DropAndGrow", "regrow"]
 
@@ -64,7 +60,7 @@ def _partial_layers(model):
         if isinstance(layer, PartialWeightMixin) and layer.trainable
     ]
     for layer in layers:
-        if layer.partial_mode == "slices":
+        if layer.partial_weight.mode == "slices":
             raise ValueError(
                 f"Layer {layer.name!r} trains whole slices of its kernel "
                 "(mode='slices'), which drop and grow would break into single "
@@ -77,7 +73,7 @@ def _scores(model, layers, data, loss, batches, batch_size, start):
     """The squared gradient on each layer's base, summed over probe batches."""
     x, y = data
     rows = len(y)
-    bases = [layer.base_weight for layer in layers]
+    bases = [layer.partial_weight.base for layer in layers]
     totals = [np.zeros(tuple(b.shape), np.float64) for b in bases]
     for b in range(batches):
         first = (start + b * batch_size) % rows
@@ -128,19 +124,20 @@ def regrow(model, data, *, fraction, loss=None, batches=1, batch_size=32, start=
             ``"slices"`` form; or an optimizer whose state cannot be reset per
             entry.
 
-    >>> from refimpl.drop_and_grow import regrow
+    >>> from refimpl.callbacks import regrow
     >>> import refimpl
     >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="d")])
     >>> model = refimpl.partialize(model, {"d": np.eye(4, 3, dtype=bool)})
     >>> data = np.ones((8, 4)), np.zeros((8, 3))
     >>> [record] = regrow(model, data, fraction=0.34, loss="mse")
-    >>> len(record["dropped"]), len(record["grown"]), model.get_layer("d").num_free
+    >>> pw = model.get_layer("d").partial_weight
+    >>> len(record["dropped"]), len(record["grown"]), pw.num_free
     (1, 1, 3)
     """
     fraction = _check_fraction(fraction)
     batches, batch_size = (
-        _check_count(batches, "batches"),
-        _check_count(batch_size, "batch_size"),
+        check_int(batches, "batches", minimum=1),
+        check_int(batch_size, "batch_size", minimum=1),
     )
     x, y = _check_data(data)
     layers = _require_layers(model)
@@ -148,7 +145,7 @@ def regrow(model, data, *, fraction, loss=None, batches=1, batch_size=32, start=
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None:
         for layer in layers:
-            _check_optimizer(optimizer, layer.partial_free)
+            _check_optimizer(optimizer, layer.partial_weight.free)
     scores = _scores(model, layers, (x, y), loss, batches, batch_size, start)
     return [
         _swap(layer, score, fraction, optimizer)
@@ -177,10 +174,11 @@ def _fresh(kind, values):
 
 
 def _swap(layer, score, fraction, optimizer) -> dict:
-    positions = np.asarray(backend.read_now(layer.partial_positions)).astype(np.int64)
-    base = np.asarray(keras.ops.convert_to_numpy(layer.base_weight)).reshape(-1)
-    free = np.asarray(keras.ops.convert_to_numpy(layer.partial_free))
-    select = layer.partial_mode == "select"
+    pw = layer.partial_weight
+    positions = np.asarray(backend.read_now(pw.positions)).astype(np.int64)
+    base = np.asarray(keras.ops.convert_to_numpy(pw.base)).reshape(-1)
+    free = np.asarray(keras.ops.convert_to_numpy(pw.free))
+    select = pw.mode == "select"
     values = free.reshape(-1)[positions] if select else free
     count = int(round(fraction * len(positions)))
     record = {"path": layer.path or layer.name, "dropped": np.zeros(0, np.int64)}
@@ -196,7 +194,7 @@ def _swap(layer, score, fraction, optimizer) -> dict:
     new_positions = positions.copy()
     new_positions[drop] = grown
     order = np.argsort(new_positions, kind="stable")
-    states = _slots(optimizer, layer.partial_free) if optimizer is not None else []
+    states = _slots(optimizer, pw.free) if optimizer is not None else []
     if select:  # the free values and the state are the weight's shape
         free = free.reshape(-1).copy()
         free[grown] = base[grown]
@@ -204,7 +202,7 @@ def _swap(layer, score, fraction, optimizer) -> dict:
             value = np.asarray(keras.ops.convert_to_numpy(state)).reshape(-1).copy()
             value[grown] = _fresh(fresh, base[grown])
             state.assign(value.reshape(tuple(state.shape)))
-        layer.partial_free.assign(free.reshape(tuple(layer.partial_free.shape)))
+        pw.free.assign(free.reshape(tuple(pw.free.shape)))
     else:
         free = free.copy()
         free[drop] = base[grown]
@@ -212,17 +210,15 @@ def _swap(layer, score, fraction, optimizer) -> dict:
             value = np.asarray(keras.ops.convert_to_numpy(state)).copy()
             value[drop] = _fresh(fresh, base[grown])
             state.assign(value[order])
-        layer.partial_free.assign(free[order])
-    layer.partial_positions.assign(
-        new_positions[order].astype(layer.partial_positions.dtype)
-    )
+        pw.free.assign(free[order])
+    pw.positions.assign(new_positions[order].astype(pw.positions.dtype))
     return record
 
 
 class DropAndGrow(keras.callbacks.Callback):
     """Re-choose the partial layers' free entries once every ``every`` training steps.
 
-    A Keras callback for ``fit``; :mod:`refimpl.drop_and_grow` lists its
+    A Keras callback for ``fit``; :mod:`refimpl.callbacks` lists its
     choices (what a dropped and a grown entry start from, the growth score).
     Once every ``every`` training steps, at the end of the step, each
     trainable partial layer drops ``round(fraction * k)`` of its ``k`` free
@@ -254,7 +250,7 @@ class DropAndGrow(keras.callbacks.Callback):
     >>> x, y = np.ones((8, 4)), np.zeros((8, 3))
     >>> grow = refimpl.DropAndGrow((x, y), every=2, fraction=0.34)
     >>> _ = model.fit(x, y, batch_size=2, epochs=1, verbose=0, callbacks=[grow])
-    >>> [h["step"] for h in grow.history], model.get_layer("d").num_free
+    >>> [h["step"] for h in grow.history], model.get_layer("d").partial_weight.num_free
     ([2, 4], 3)
     """
 
@@ -262,12 +258,12 @@ class DropAndGrow(keras.callbacks.Callback):
                  loss=None, stop_after=None):  # fmt: skip
         super().__init__()
         self.data = _check_data(data)
-        self.every = _check_count(every, "every")
+        self.every = check_int(every, "every", minimum=1)
         self.fraction = _check_fraction(fraction)
-        self.batches = _check_count(batches, "batches")
-        self.batch_size = _check_count(batch_size, "batch_size")
+        self.batches = check_int(batches, "batches", minimum=1)
+        self.batch_size = check_int(batch_size, "batch_size", minimum=1)
         if stop_after is not None:
-            stop_after = _check_count(stop_after, "stop_after")
+            stop_after = check_int(stop_after, "stop_after", minimum=1)
         self.stop_after, self.loss = stop_after, loss
         self.history, self._steps, self._fitting = [], 0, False
 
@@ -276,7 +272,7 @@ class DropAndGrow(keras.callbacks.Callback):
         _require_layers(model)
         _loss_of(model, self.loss)
         for layer in _partial_layers(model):
-            _check_optimizer(model.optimizer, layer.partial_free)
+            _check_optimizer(model.optimizer, layer.partial_weight.free)
         self._fitting = True
 
     def on_train_end(self, logs=None):
@@ -286,7 +282,7 @@ class DropAndGrow(keras.callbacks.Callback):
         raise ValueError(
             f"`callbacks` of `{what}` holds a DropAndGrow, which changes masks "
             "during `fit` only: pass it in `model.fit(..., callbacks=[...])`, or "
-            "call `refimpl.drop_and_grow.regrow(model, data, fraction=...)` in a "
+            "call `refimpl.callbacks.regrow(model, data, fraction=...)` in a "
             f"custom loop. Received: callbacks=[DropAndGrow] in {what}"
         )
 
@@ -317,3 +313,44 @@ class DropAndGrow(keras.callbacks.Callback):
         entry = {"step": self._steps}
         entry.update({r["path"]: len(r["grown"]) for r in records})
         self.history.append(entry)
+
+
+# -- argument checks ------------------------------------------------------------
+def _check_fraction(fraction) -> float:
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+        raise TypeError(
+            "`fraction` must be a number in (0, 1). "
+            f"Received: fraction={describe(fraction)}"
+        )
+    if not 0 < fraction < 1:
+        raise ValueError(
+            "`fraction` must be in (0, 1): the share of each layer's free entries "
+            f"that is dropped and grown. Received: fraction={fraction!r}"
+        )
+    return float(fraction)
+
+
+def _check_data(data):
+    if not isinstance(data, (tuple, list)) or len(data) != 2:
+        raise TypeError(
+            "`data` must be a tuple (x, y) of probe inputs and targets, from which "
+            f"the growth score is computed. Received: data={describe(data)}"
+        )
+    return input_arrays(
+        *data, "data", "`data` must hold as many rows of x as of y, at least one."
+    )
+
+
+def _loss_of(model, loss):
+    loss = loss if loss is not None else getattr(model, "loss", None)
+    if loss is None:
+        raise ValueError(
+            "`loss` is needed for the growth score: pass it, or compile the model "
+            "with a loss. Received: loss=None"
+        )
+    if isinstance(loss, (dict, list, tuple)):
+        raise ValueError(
+            "`loss` must be one loss for the model's output: pass it explicitly "
+            f"for a model with several outputs. Received: loss={describe(loss)}"
+        )
+    return keras.losses.get(loss)

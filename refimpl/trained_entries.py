@@ -27,10 +27,9 @@ import keras
 import numpy as np
 
 from refimpl import _compat
-from refimpl._checks import describe, variable_path
-from refimpl.layers.classes import is_supported, target_weight
-from refimpl.layers.partial import PartialWeightMixin
-from refimpl.trainability import fully_trainable
+from refimpl.convert import fully_trainable
+from refimpl.layers.partial import PartialWeightMixin, is_supported, target_weight
+from refimpl.masks import describe, variable_path
 
 __all__ = ["load_partial_weights", "save_partial_weights"]
 
@@ -135,14 +134,14 @@ def save_partial_weights(model, path) -> dict:
     arrays, header = {}, {"format": _FORMAT, "version": _VERSION, "partial": []}
     header["full"] = []
     for i, layer in enumerate(partial):
-        base = _numpy(layer.base_weight)
-        positions = np.sort(_numpy(layer.partial_positions).astype(np.int64))
+        base = _numpy(layer.partial_weight.base)
+        positions = np.sort(_numpy(layer.partial_weight.positions).astype(np.int64))
         values = _numpy(getattr(layer, layer._partial_target)).reshape(-1)[positions]
         first, arrays[f"gaps_{i}"] = _gaps(positions)
         arrays[f"values_{i}"] = values
         header["partial"].append(
             {
-                "path": _path(model, layer.base_weight),
+                "path": _path(model, layer.partial_weight.base),
                 "base": _fingerprint(base),
                 "num_free": len(positions),
                 "first": first,
@@ -183,7 +182,7 @@ def load_partial_weights(model, path) -> None:
     >>> import os, tempfile, refimpl
     >>> plain = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")])
     >>> tuned = refimpl.partialize(plain, {"d": [[0, 0]]})
-    >>> _ = tuned.get_layer("d").partial_free.assign([5.0])  # as if trained
+    >>> _ = tuned.get_layer("d").partial_weight.free.assign([5.0])  # as if trained
     >>> with tempfile.TemporaryDirectory() as folder:
     ...     path = os.path.join(folder, "tuned.npz")
     ...     _ = save_partial_weights(tuned, path)
@@ -234,26 +233,29 @@ def load_partial_weights(model, path) -> None:
             )
         values = arrays[f"values_{i}"]
         positions = _positions(arrays, record, i, version)
-        if isinstance(layer, PartialWeightMixin) and layer.num_free != len(positions):
+        num_free = (
+            layer.partial_weight.num_free
+            if isinstance(layer, PartialWeightMixin)
+            else len(positions)
+        )
+        if num_free != len(positions):
             raise ValueError(
-                f"Layer {layer.name!r} has {layer.num_free} free entries and the "
+                f"Layer {layer.name!r} has {num_free} free entries and the "
                 f"file has {len(positions)} for {record['path']!r}: convert the "
                 "model with the same numbers, or load onto the plain model."
             )
         writes.append((layer, base, positions, values))
     for layer, base, positions, values in writes:
         if isinstance(layer, PartialWeightMixin):
-            layer.partial_positions.assign(
-                positions.astype(layer.partial_positions.dtype)
-            )
+            pw = layer.partial_weight
+            pw.positions.assign(positions.astype(pw.positions.dtype))
             free = values
-            if layer.partial_mode == "select":
+            if pw.mode == "select":
                 free = base.reshape(-1).copy()
                 free[positions] = values
                 free = free.reshape(base.shape)
-            layer.partial_free.assign(free)
-            layer._partial_loaded = False
-            layer._partial_check_loaded()
+            pw.free.assign(free)
+            pw.check_loaded(again=True)
         else:
             merged = base.reshape(-1).copy()
             merged[positions] = values
