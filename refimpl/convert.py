@@ -289,6 +289,20 @@ def merge(model, *, in_place: bool = False):
         raise TypeError(
             f"`in_place` must be True or False. Received: {describe(in_place)}"
         )
+    own = [
+        pw.owner
+        for pw in partial_weights(model)
+        if not isinstance(pw.owner, PartialWeightMixin)
+    ]
+    if own:  # refused before any change, as every refusal here
+        raise ValueError(
+            f"`model` holds a PartialVariable, {where(own[0])}, in a layer of "
+            "your own: merge folds partial layers into Keras' own classes, and "
+            "your layer's code reads the PartialVariable. Read its trained "
+            "tensor with `.value()` and give it to a plain weight of your "
+            f"layer, or use a partial layer (`refimpl.partialize`). Received: "
+            f"{len(own)} PartialVariable(s)"
+        )
     structured = [
         layer
         for layer in _compat.sub_layers(model)

@@ -1,0 +1,104 @@
+"""One holder for every partial weight: ``PartialWeight``.
+
+The partial layers (``partialize``, ``enable_partial``, ``PartialDense``) and a
+``PartialVariable`` in a layer of your own hold the same object, so the tools
+that walk a model (``partial_weights``, ``trainable_summary``, ``merge``) see
+both, and one definition (the regularizer's penalty) holds in every form.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import refimpl
+from refimpl.partial import PartialWeight, partial_weights
+
+pytestmark = pytest.mark.every_backend
+
+KERNEL = np.arange(1.0, 13.0, dtype="float32").reshape(4, 3) / 10
+ROWS = np.zeros((4, 3), bool)
+ROWS[1] = True  # a whole row: every form, "slices" included, can take it
+
+
+class OwnLayer(keras.layers.Layer):
+    """A layer of a user's own with a PartialVariable kernel."""
+
+    def build(self, input_shape):
+        self.w = refimpl.PartialVariable(KERNEL, ROWS, name="w")
+
+    def call(self, x):
+        return self.w.matmul(x)
+
+
+def _model():
+    inputs = keras.Input((4,))
+    own = OwnLayer(name="own")(inputs)
+    dense = keras.layers.Dense(3, name="d")(inputs)
+    return keras.Model(inputs, keras.layers.Add()([own, dense]))
+
+
+def test_partial_layers_and_a_partial_variable_hold_the_same_kind_of_object():
+    model = refimpl.partialize(_model(), {"d": ROWS})
+    found = partial_weights(model)
+    assert [type(pw) for pw in found] == [PartialWeight, PartialWeight]
+    by_owner = {type(pw.owner).__name__: pw for pw in found}
+    assert set(by_owner) == {"PartialVariable", "PartialDense"}
+    for pw in found:
+        np.testing.assert_array_equal(pw.mask, ROWS)
+        assert pw.num_free == ROWS.sum() == pw.free.shape[0]
+        assert pw.shape == ROWS.shape and pw.mode == "delta"
+        np.testing.assert_array_equal(
+            pw.indices, np.argwhere(ROWS)
+        )  # the free entries, row-major
+    variable = model.get_layer("own").w
+    assert variable.partial_weight is by_owner["PartialVariable"]
+    assert variable.free is variable.partial_weight.free
+
+
+def test_trainable_summary_lists_a_partial_variable_in_a_users_layer():
+    rows = refimpl.trainable_summary(_model())
+    partial = [row for row in rows if row["kind"] == "partial"]
+    assert [row["trainable"] for row in partial] == [int(ROWS.sum())]
+    assert partial[0]["path"].endswith("w/base")
+
+
+def test_merge_refuses_a_partial_variable_before_changing_anything():
+    model = refimpl.partialize(_model(), {"d": ROWS})
+    with pytest.raises(ValueError, match="holds a PartialVariable"):
+        refimpl.merge(model, in_place=True)
+    assert type(model.get_layer("d")).__name__ == "PartialDense"  # not folded
+
+
+@pytest.mark.parametrize("mode", ["delta", "select", "sparse", "slices"])
+def test_a_kernel_regularizer_penalizes_the_free_entries_alone_in_every_form(mode):
+    # One definition in every form: the regularizer of the free entries. In
+    # the select form the free weight has the kernel's size; its entries
+    # outside the mask are unused and must not be penalized.
+    layer = keras.layers.Dense(
+        3, use_bias=False, kernel_regularizer=keras.regularizers.L2(0.5)
+    )
+    layer.build((None, 4))
+    layer.kernel.assign(KERNEL)
+    refimpl.enable_partial(layer, ROWS, mode=mode)
+    assert layer.partial_weight.mode == mode
+    penalty = float(sum(keras.ops.convert_to_numpy(loss) for loss in layer.losses))
+    expected = 0.5 * float(np.sum(np.square(KERNEL[ROWS], dtype=np.float64)))
+    np.testing.assert_allclose(penalty, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("trainable_mask", "mask"),
+        ("base_weight", "base"),
+        ("num_free", "num_free"),
+        ("partial_mode", "mode"),
+        ("partial_free", "free"),
+    ],
+)
+def test_a_layer_member_of_refimpl_2_says_where_it_moved(old, new):
+    layer = keras.layers.Dense(3)
+    layer.build((None, 4))
+    refimpl.enable_partial(layer, ROWS)
+    with pytest.raises(AttributeError, match=rf"use `layer\.partial_weight\.{new}"):
+        getattr(layer, old)
