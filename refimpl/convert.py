@@ -98,6 +98,11 @@ def partialize(
         mode: the form of every partial weight (see :ref:`the forms <api-forms>`;
             which layers take ``"sparse"`` and ``"slices"``:
             :func:`refimpl.enable_partial <refimpl.layers.partial.enable_partial>`).
+            The default, ``"delta"``, is the one form in which the merged
+            model predicts what the trained one does bit for bit, on every
+            layer type; ``"auto"`` is faster where it picks the sparse or
+            slices form (whole rows or columns of a kernel), which compute the
+            product in pieces, so the merged model agrees to rounding.
         summary: print :func:`trainable_summary` of the
             result: what trains, weight by weight, and the totals.
 

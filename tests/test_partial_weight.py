@@ -102,3 +102,13 @@ def test_a_layer_member_of_refimpl_2_says_where_it_moved(old, new):
     refimpl.enable_partial(layer, ROWS)
     with pytest.raises(AttributeError, match=rf"use `layer\.partial_weight\.{new}"):
         getattr(layer, old)
+
+
+def test_the_default_form_is_delta_and_auto_takes_whole_rows_as_slices():
+    # The reason "delta" stays the default (partialize's docstring): "auto"
+    # picks a form that computes the product in pieces for whole rows.
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="d")])
+    default = refimpl.partialize(model, {"d": ROWS})
+    auto = refimpl.partialize(model, {"d": ROWS}, mode="auto")
+    assert default.get_layer("d").partial_weight.mode == "delta"
+    assert auto.get_layer("d").partial_weight.mode == "slices"
