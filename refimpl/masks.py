@@ -304,7 +304,9 @@ def _check_shape(array: np.ndarray, shape: tuple[int, ...], name: str) -> None:
 
 
 # -- argument checks ---------------------------------------------------------
-def check_int(value, name: str, *, minimum: int = 0, maximum: int | None = None) -> int:
+def check_int(
+    value, name: str, *, minimum: int | None = 0, maximum: int | None = None
+) -> int:
     """Return ``value`` as a Python int in ``[minimum, maximum]``, or raise.
 
     The one check of an integer argument: a ``bool`` is not an int.
@@ -320,10 +322,12 @@ def check_int(value, name: str, *, minimum: int = 0, maximum: int | None = None)
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"`{name}` must be an int. Received: {name}={describe(value)}")
     value = int(value)
-    if value < minimum or (maximum is not None and value > maximum):
-        upper = "" if maximum is None else f" and at most {maximum}"
+    low = minimum is not None and value < minimum
+    if low or (maximum is not None and value > maximum):
+        bounds = [f"at least {minimum}"] if minimum is not None else []
+        bounds += [f"at most {maximum}"] if maximum is not None else []
         raise ValueError(
-            f"`{name}` must be at least {minimum}{upper}. Received: {name}={value}"
+            f"`{name}` must be {' and '.join(bounds)}. Received: {name}={value}"
         )
     return value
 

@@ -275,9 +275,10 @@ def partial_weights(model) -> list[PartialWeight]:
     >>> import refimpl
     >>> from refimpl.partial import partial_weights
     >>> layers = [keras.Input((3,)), keras.layers.Dense(2, name="d")]
-    >>> model = refimpl.partialize(keras.Sequential(layers), {"d": [[0, 0]]})
-    >>> [(pw.path, pw.num_free) for pw in partial_weights(model)]
-    [('d/kernel', 1)]
+    >>> model = keras.Sequential(layers, name="net")
+    >>> converted = refimpl.partialize(model, {"d": [[0, 0]]})
+    >>> [(pw.path, pw.num_free) for pw in partial_weights(converted)]
+    [('net/d/kernel', 1)]
     """
     layers = [model] if isinstance(model, keras.layers.Layer) else []
     layers += _compat.sub_layers(model)

@@ -34,7 +34,7 @@ import keras
 import numpy as np
 
 from refimpl import backend
-from refimpl.masks import as_array, describe, input_arrays, normalize_shape
+from refimpl.masks import as_array, check_int, describe, input_arrays, normalize_shape
 
 # In the order of the API page: the scored masks, then the structured ones.
 __all__ = [
@@ -65,8 +65,7 @@ def random_mask(shape, *, k=None, fraction=None, seed: int = 0) -> np.ndarray:
     shape = normalize_shape(shape)
     size = int(np.prod(shape))
     k = _count(k, fraction, size)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"`seed` must be an int. Received: seed={describe(seed)}")
+    seed = check_int(seed, "seed")
     chosen = np.random.default_rng(seed).choice(size, size=k, replace=False)
     mask = np.zeros(size, bool)
     mask[chosen] = True
@@ -139,15 +138,8 @@ def fisher_scores(model, x, y, *, loss, batch_size: int = 32, batches: int = 4):
         raise TypeError(
             f"`model` must be a Keras model. Received: model={describe(model)}"
         )
-    for name, value in (("batch_size", batch_size), ("batches", batches)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(
-                f"`{name}` must be a positive int. Received: {name}={describe(value)}"
-            )
-        if value < 1:
-            raise ValueError(
-                f"`{name}` must be a positive int. Received: {name}={describe(value)}"
-            )
+    batch_size = check_int(batch_size, "batch_size", minimum=1)
+    batches = check_int(batches, "batches", minimum=1)
     loss_fn = keras.losses.get(loss)
     x, y = input_arrays(
         x, y, "x", "`x` and `y` must hold the same number of rows, at least one."
@@ -261,15 +253,7 @@ def band_mask(shape, lower: int, upper: int) -> np.ndarray:
     shape = normalize_shape(shape)
     if len(shape) != 2:
         raise ValueError(f"`shape` must be 2-D. Received: shape={shape}")
-    for name, value in (("lower", lower), ("upper", upper)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(
-                f"`{name}` must be an int >= 0. Received: {name}={describe(value)}"
-            )
-        if value < 0:
-            raise ValueError(
-                f"`{name}` must be an int >= 0. Received: {name}={describe(value)}"
-            )
+    lower, upper = check_int(lower, "lower"), check_int(upper, "upper")
     offset = np.subtract.outer(np.arange(shape[0]), np.arange(shape[1]))
     return (offset <= lower) & (-offset <= upper)
 
@@ -300,11 +284,7 @@ def block_mask(shape, row_sizes, col_sizes, blocks) -> np.ndarray:
         ("row_sizes", row_sizes, shape[0]),
         ("col_sizes", col_sizes, shape[1]),
     ):
-        sizes = list(sizes)
-        if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
-            raise ValueError(
-                f"`{name}` must be positive ints. Received: {name}={describe(sizes)}"
-            )
+        sizes = [check_int(size, name, minimum=1) for size in sizes]
         if sum(sizes) != total:
             raise ValueError(
                 f"`{name}` must sum to {total}. Received: {name}={describe(sizes)}"
@@ -338,13 +318,7 @@ def _count(k, fraction, size: int) -> int:
             f"fraction={describe(fraction)}"
         )
     if k is not None:
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-            raise TypeError(f"`k` must be an int. Received: k={describe(k)}")
-        if not 0 <= k <= size:
-            raise ValueError(
-                f"`k` must be between 0 and the size {size}. Received: k={k}"
-            )
-        return int(k)
+        return check_int(k, "k", maximum=size)
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
         raise TypeError(
             f"`fraction` must be a number. Received: fraction={describe(fraction)}"

@@ -24,7 +24,7 @@ import numpy as np
 from keras import ops
 
 from refimpl import backend
-from refimpl.masks import describe
+from refimpl.masks import check_int, describe
 
 __all__ = [
     "banded",
@@ -187,10 +187,7 @@ def _band(diagonals, offsets):
             "`diagonals` and `offsets` must be non-empty lists of the same "
             f"length. Received {len(diagonals)} diagonals and offsets={offsets}"
         )
-    for k in offsets:
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-            raise TypeError(f"`offsets` must be ints. Received: offsets={offsets}")
-    offsets = [int(k) for k in offsets]
+    offsets = [check_int(k, "offsets", minimum=None) for k in offsets]
     if len(set(offsets)) != len(offsets):
         raise ValueError(f"`offsets` must be distinct. Received: offsets={offsets}")
     tensors = [_vector(d, f"diagonals[{i}]") for i, d in enumerate(diagonals)]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 
 import keras
+import numpy as np
 
 # The public names; the backend-specific functions below are refimpl's own.
 __all__ = ["name", "require_tensorflow"]
@@ -34,16 +35,122 @@ if name not in ("tensorflow", "jax", "torch"):
 
 _impl = importlib.import_module(f"refimpl.backend._{name}")
 
-read_now = _impl.read_now
-try_read_now = _impl.try_read_now
-bool_constant = _impl.bool_constant
-mask_sparse_gradient = _impl.mask_sparse_gradient
-assign_on_every_replica = _impl.assign_on_every_replica
-batch_gradients = _impl.batch_gradients
-variable_gradients = _impl.variable_gradients
-is_variable = _impl.is_variable
-is_symbolic = _impl.is_symbolic
-in_xla_context = _impl.in_xla_context
+
+# -- the default of each piece: what a backend that does not differ uses --------
+def _read_now(variable) -> np.ndarray:
+    """The current value of ``variable`` as NumPy.
+
+    >>> read_now(keras.Variable([1.0, 2.0]))
+    array([1., 2.], dtype=float32)
+    """
+    return keras.ops.convert_to_numpy(variable.value)
+
+
+def _try_read_now(variable) -> np.ndarray | None:
+    """:func:`read_now`, or ``None`` where the value is not known now (a JAX step).
+
+    >>> try_read_now(keras.Variable([3.0]))
+    array([3.], dtype=float32)
+    """
+    return read_now(variable)
+
+
+def _bool_constant(array):
+    """A boolean NumPy mask as a tensor of this backend.
+
+    >>> keras.ops.convert_to_numpy(bool_constant([[True, False]]))
+    array([[ True, False]])
+    """
+    return keras.ops.convert_to_tensor(np.asarray(array, dtype=bool))
+
+
+def _mask_sparse_gradient(grad, keep):
+    """A sparse gradient masked by ``keep``; ``None`` for a dense gradient,
+    which the caller masks itself (every gradient but TensorFlow's
+    ``IndexedSlices``).
+
+    >>> print(mask_sparse_gradient(keras.ops.ones(2), np.ones(2, bool)))
+    None
+    """
+    return None
+
+
+def _assign_on_every_replica(var, value) -> None:
+    """``var.assign(value)``, also inside a replica function where one exists.
+
+    >>> v = keras.Variable([1.0, 2.0])
+    >>> assign_on_every_replica(v, [3.0, 4.0])
+    >>> keras.ops.convert_to_numpy(v)
+    array([3., 4.], dtype=float32)
+    """
+    var.assign(value)
+
+
+def _is_variable(value) -> bool:
+    """Whether ``value`` is a variable (a ``keras.Variable``; a ``tf.Variable`` too
+    on TensorFlow).
+
+    >>> is_variable(keras.Variable(1.0)), is_variable(np.ones(2))
+    (True, False)
+    """
+    return isinstance(value, keras.Variable)
+
+
+def _is_symbolic(value) -> bool:
+    """Whether ``value`` has no value now (traced); ``False`` where every
+    tensor has its value (PyTorch).
+
+    >>> is_symbolic(keras.ops.ones(2))
+    False
+    """
+    return False
+
+
+def _in_xla_context() -> bool:
+    """Whether the code being traced is compiled by XLA; never where no XLA runs."""
+    return False
+
+
+read_now = getattr(_impl, "read_now", _read_now)
+try_read_now = getattr(_impl, "try_read_now", _try_read_now)
+bool_constant = getattr(_impl, "bool_constant", _bool_constant)
+mask_sparse_gradient = getattr(_impl, "mask_sparse_gradient", _mask_sparse_gradient)
+assign_on_every_replica = getattr(
+    _impl, "assign_on_every_replica", _assign_on_every_replica
+)
+
+
+def batch_gradients(model, loss_of_outputs, x) -> list:
+    """The gradients of ``loss_of_outputs(model(x))`` for the trainable weights.
+
+    One NumPy array per ``model.trainable_variables`` entry (``None`` or
+    zeros where the loss does not depend on it).
+
+    >>> dense = keras.layers.Dense(1, kernel_initializer="ones")
+    >>> model = keras.Sequential([keras.Input((2,)), dense])
+    >>> grads = batch_gradients(model, keras.ops.sum, np.ones((3, 2), "float32"))
+    >>> [g.tolist() for g in grads]  # the kernel's, then the bias'
+    [[[3.0], [3.0]], [3.0]]
+    """
+    return _impl.batch_gradients(model, loss_of_outputs, x)
+
+
+def variable_gradients(model, loss_of_outputs, x, variables) -> list:
+    """The same for the chosen ``variables`` of ``model``, frozen ones included.
+
+    >>> dense = keras.layers.Dense(1, kernel_initializer="ones", trainable=False)
+    >>> model = keras.Sequential([keras.Input((2,)), dense])
+    >>> x = np.ones((3, 2), "float32")
+    >>> [grad] = variable_gradients(model, keras.ops.sum, x, [dense.kernel])
+    >>> grad.tolist()  # of a frozen kernel
+    [[3.0], [3.0]]
+    """
+    return _impl.variable_gradients(model, loss_of_outputs, x, variables)
+
+
+is_variable = getattr(_impl, "is_variable", _is_variable)
+is_symbolic = getattr(_impl, "is_symbolic", _is_symbolic)
+in_xla_context = getattr(_impl, "in_xla_context", _in_xla_context)
 
 
 def require_tensorflow(what: str) -> None:

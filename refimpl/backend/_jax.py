@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import keras
+import keras  # noqa: F401  (the doctests use it)
 import numpy as np
 
 
@@ -52,38 +52,8 @@ def bool_constant(array):
     return jnp.asarray(np.asarray(array, dtype=bool))
 
 
-def mask_sparse_gradient(grad, keep):
-    """``None``: JAX gradients are dense arrays, which the caller masks itself.
-
-    >>> print(mask_sparse_gradient(keras.ops.ones(2), np.ones(2, bool)))
-    None
-    """
-    return None  # JAX gradients are dense arrays
-
-
-def assign_on_every_replica(var, value) -> None:
-    """``var.assign(value)`` (JAX has no replica functions to care about).
-
-    >>> v = keras.Variable([1.0, 2.0])
-    >>> assign_on_every_replica(v, [3.0, 4.0])
-    >>> keras.ops.convert_to_numpy(v)
-    array([3., 4.], dtype=float32)
-    """
-    var.assign(value)
-
-
 def batch_gradients(model, loss_of_outputs, x) -> list:
-    """The gradients of ``loss_of_outputs(model(x))`` for the trainable weights.
-
-    One NumPy array per ``model.trainable_variables`` entry (zeros where the
-    loss does not depend on it).
-
-    >>> dense = keras.layers.Dense(1, kernel_initializer="ones")
-    >>> model = keras.Sequential([keras.Input((2,)), dense])
-    >>> grads = batch_gradients(model, keras.ops.sum, np.ones((3, 2), "float32"))
-    >>> [g.tolist() for g in grads]  # the kernel's, then the bias'
-    [[[3.0], [3.0]], [3.0]]
-    """
+    """:func:`refimpl.backend.batch_gradients` on JAX (a stateless call)."""
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]
 
@@ -95,15 +65,7 @@ def batch_gradients(model, loss_of_outputs, x) -> list:
 
 
 def variable_gradients(model, loss_of_outputs, x, variables) -> list:
-    """The same for the chosen ``variables`` of ``model``, frozen ones included.
-
-    >>> dense = keras.layers.Dense(1, kernel_initializer="ones", trainable=False)
-    >>> model = keras.Sequential([keras.Input((2,)), dense])
-    >>> x = np.ones((3, 2), "float32")
-    >>> [grad] = variable_gradients(model, keras.ops.sum, x, [dense.kernel])
-    >>> grad.tolist()  # of a frozen kernel
-    [[3.0], [3.0]]
-    """
+    """:func:`refimpl.backend.variable_gradients` on JAX (a stateless call)."""
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]
     ids = [id(v) for v in variables]
@@ -127,15 +89,6 @@ def variable_gradients(model, loss_of_outputs, x, variables) -> list:
 
     grads = jax.grad(loss)([v.value for v in variables])
     return [np.asarray(g) for g in grads]
-
-
-def is_variable(value) -> bool:
-    """Whether ``value`` is a ``keras.Variable``.
-
-    >>> is_variable(keras.Variable(1.0)), is_variable(np.ones(2))
-    (True, False)
-    """
-    return isinstance(value, keras.Variable)
 
 
 def is_symbolic(value) -> bool:

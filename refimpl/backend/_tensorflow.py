@@ -19,15 +19,6 @@ def read_now(variable) -> np.ndarray:
         return keras.ops.convert_to_numpy(variable.value)
 
 
-def try_read_now(variable) -> np.ndarray | None:
-    """:func:`read_now`: TensorFlow knows the value everywhere, so never ``None``.
-
-    >>> try_read_now(keras.Variable([3.0]))
-    array([3.], dtype=float32)
-    """
-    return read_now(variable)
-
-
 def bool_constant(array):
     """A boolean NumPy mask as a tensor of this backend.
 
@@ -86,17 +77,7 @@ def assign_on_every_replica(var, value) -> None:
 
 
 def batch_gradients(model, loss_of_outputs, x) -> list:
-    """The gradients of ``loss_of_outputs(model(x))`` for the trainable weights.
-
-    One NumPy array per ``model.trainable_variables`` entry (``None`` where the
-    loss does not depend on it).
-
-    >>> dense = keras.layers.Dense(1, kernel_initializer="ones")
-    >>> model = keras.Sequential([keras.Input((2,)), dense])
-    >>> grads = batch_gradients(model, keras.ops.sum, np.ones((3, 2), "float32"))
-    >>> [g.tolist() for g in grads]  # the kernel's, then the bias'
-    [[[3.0], [3.0]], [3.0]]
-    """
+    """:func:`refimpl.backend.batch_gradients` on TensorFlow: a GradientTape."""
     variables = model.trainable_variables
     with tf.GradientTape() as tape:
         value = loss_of_outputs(model(x, training=False))
@@ -105,15 +86,7 @@ def batch_gradients(model, loss_of_outputs, x) -> list:
 
 
 def variable_gradients(model, loss_of_outputs, x, variables) -> list:
-    """The same for the chosen ``variables`` of ``model``, frozen ones included.
-
-    >>> dense = keras.layers.Dense(1, kernel_initializer="ones", trainable=False)
-    >>> model = keras.Sequential([keras.Input((2,)), dense])
-    >>> x = np.ones((3, 2), "float32")
-    >>> [grad] = variable_gradients(model, keras.ops.sum, x, [dense.kernel])
-    >>> grad.tolist()  # of a frozen kernel
-    [[3.0], [3.0]]
-    """
+    """:func:`refimpl.backend.variable_gradients` on TensorFlow: a GradientTape."""
     with tf.GradientTape() as tape:
         for v in variables:  # frozen variables too
             tape.watch(v.value)

@@ -58,7 +58,7 @@ import keras
 import numpy as np
 
 from refimpl import _compat, _layouts, ops
-from refimpl.masks import describe, mask_shape, to_mask
+from refimpl.masks import check_int, describe, mask_shape, to_mask
 from refimpl.ops import LAYER_MODES, check_mode, compose, mode_for, sparse_matmul
 from refimpl.partial import PartialWeight
 
@@ -717,11 +717,7 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
         rest_trainable: bool = True,
         **kwargs,
     ):
-        if isinstance(units, bool) or not isinstance(units, (int, np.integer)):
-            raise TypeError(
-                f"`units` must be a positive int. Received: units={describe(units)}"
-            )
-        super().__init__(int(units), **kwargs)
+        super().__init__(check_int(units, "units", minimum=1), **kwargs)
         check_mode(mode, allowed=LAYER_MODES)
         shape = None if trainable_mask is None else mask_shape(trainable_mask)
         if shape is not None and shape[1:] != (self.units,):
@@ -1128,7 +1124,7 @@ def make_shell(
     >>> layer = keras.layers.Dense(2)
     >>> layer.build((None, 3))
     >>> make_shell(layer, num_free=2, mode="delta", auto=False)
-    >>> type(layer).__name__, tuple(layer.partial_free.shape)
+    >>> type(layer).__name__, tuple(layer.partial_weight.free.shape)
     ('PartialDense', (2,))
     """
     layer.__class__ = partial_class(type(layer))

@@ -24,7 +24,7 @@ import numpy as np
 from keras import ops
 
 from refimpl import _compat, backend, selection
-from refimpl.masks import as_array, describe
+from refimpl.masks import as_array, check_int, describe
 from refimpl.ops import initializer as _constant
 from refimpl.structured import (
     banded,
@@ -106,16 +106,6 @@ def input_dim(input_shape) -> int:
             f"of shape {tuple(input_shape)}"
         )
     return int(n)
-
-
-def non_negative_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(
-            f"`{name}` must be an int >= 0. Received: {name}={describe(value)}"
-        )
-    if value < 0:
-        raise ValueError(f"`{name}` must be an int >= 0. Received: {name}={value}")
-    return int(value)
 
 
 def float_array(value, name: str, *, max_ndim: int) -> np.ndarray:
@@ -523,8 +513,8 @@ class BandedDense(StructuredDense):
         **kwargs,
     ):
         super().__init__(kernel_initializer=kernel_initializer, **kwargs)
-        self.lower = non_negative_int(lower, "lower")
-        self.upper = non_negative_int(upper, "upper")
+        self.lower = check_int(lower, "lower")
+        self.upper = check_int(upper, "upper")
         self._fixed = (
             fixed_diagonal
             if fixed_diagonal is None
