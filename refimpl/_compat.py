@@ -11,7 +11,16 @@ what is missing, never as a deep ``AttributeError`` in a user's model:
   ``enable_lora`` does the same);
 * :func:`sub_layers`, every layer of a model at any depth;
 * :func:`is_functional`, whether a model is a graph of layers that
-  ``clone_model`` can rebuild (keras-hub's models subclass it).
+  ``clone_model`` can rebuild (keras-hub's models subclass it);
+* the variable behind a weight property (:func:`own_weight`), a layer's
+  direct sub-layers (:func:`child_layers`), removing a variable
+  (:func:`untrack_variable`), a ``RematScope``'s mode (:func:`remat_mode`),
+  a causal convolution's padding (:func:`causal_padding`), and an optimizer's
+  variables and their keys (:func:`optimizer_variables`,
+  :func:`variable_key`).
+
+What a Keras class defines is checked at import; what a built object holds,
+on first use, with the same message.
 
 The shell protocol: an object rebuilt from a config alone (``from_config``,
 as ``load_model`` does before it loads the weights) has the right shapes but
@@ -28,17 +37,25 @@ import keras
 import numpy as np
 
 __all__ = [
+    "Functional",
     "KERAS_FLOOR",
     "KerasSaveable",
-    "Functional",
     "NotLoadedError",
+    "causal_padding",
+    "child_layers",
+    "class_config",
     "is_functional",
     "is_shell",
-    "shell_initializer",
+    "optimizer_variables",
+    "own_weight",
     "register_under",
+    "remat_mode",
     "require_loaded",
+    "shell_initializer",
     "sub_layers",
     "unlocked",
+    "untrack_variable",
+    "variable_key",
     "variable_layout",
 ]
 
@@ -126,6 +143,24 @@ def unlocked(layer):
         tracker.lock()
 
 
+def _attribute(obj, name: str):
+    """``getattr(obj, name)`` of a private attribute, or a clear ImportError."""
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        raise ImportError(
+            f"refimpl reads `{type(obj).__name__}.{name}`, which Keras "
+            f"{keras.__version__} does not have. Install a Keras release refimpl "
+            f"is tested on (>= {'.'.join(map(str, KERAS_FLOOR))}) or a newer refimpl."
+        ) from None
+
+
+def own_weight(layer, name: str):
+    """The variable behind a layer's weight property (``Dense.kernel`` reads
+    ``Dense._kernel``): the one a partial weight keeps as its frozen base."""
+    return _attribute(layer, "_" + name)
+
+
 def child_layers(layer) -> list:
     """The layers directly inside ``layer`` (one level down), in Keras' order."""
     return list(layer._flatten_layers(include_self=False, recursive=False))
@@ -142,22 +177,22 @@ def untrack_variable(layer, variable) -> None:
     Keras' ``Layer.__delattr__`` does the same, then a ``gc.collect()`` per
     variable, which took most of the time of merging a model of many layers.
     """
-    layer._untrack_variable(variable)
+    _attribute(layer, "_untrack_variable")(variable)
 
 
 def variable_key(optimizer, variable) -> str:
     """The key a Keras optimizer files ``variable``'s state under (``_var_key``)."""
-    return optimizer._var_key(variable)
+    return _attribute(optimizer, "_var_key")(variable)
 
 
 def optimizer_variables(optimizer) -> list:
     """The variables a built Keras optimizer trains (``_trainable_variables``)."""
-    return optimizer._trainable_variables
+    return _attribute(optimizer, "_trainable_variables")
 
 
 def causal_padding(layer):
     """The left padding a ``Conv1D(padding="causal")`` gives its input."""
-    return layer._compute_causal_padding()
+    return _attribute(layer, "_compute_causal_padding")()
 
 
 def remat_mode(layer) -> str | None:

@@ -182,7 +182,7 @@ class PartialWeightMixin:
     def _partial_base(self):
         if self._partial_attributes.get(self._partial_target, False):
             return self.__dict__[self._partial_target]
-        return getattr(self, "_" + self._partial_target)
+        return _compat.own_weight(self, self._partial_target)
 
     # -- creation --------------------------------------------------------------
     def _partial_add_weights(self, num_free, positions, mode, auto):
@@ -763,7 +763,7 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
         if shell is not None:
             self._partial_add_weights(shell[0], None, shell[1], shell[2])
         elif given[0] is not None:
-            shape = tuple(self._kernel.shape)
+            shape = tuple(_compat.own_weight(self, "kernel").shape)
             mask = to_mask(given[0], shape, name="trainable_mask")
             positions = np.flatnonzero(mask)
             self._partial_add_weights(len(positions), positions, given[1], False)
@@ -778,7 +778,7 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
             return super().call(inputs, training=training)
         holder.check_loaded()
         x = sparse_matmul(
-            inputs, self._kernel.value, holder.positions.value, holder.free.value
+            inputs, holder.base.value, holder.positions.value, holder.free.value
         )
         if self.bias is not None:
             x = keras.ops.add(x, self.bias)
@@ -976,7 +976,7 @@ def target_weight(layer, weight: str | None = None):
     weight = weight or next(iter(specs))
     if specs[weight]:
         return layer.__dict__[weight]
-    return getattr(layer, "_" + weight)
+    return _compat.own_weight(layer, weight)
 
 
 def enable_partial(

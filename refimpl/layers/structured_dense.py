@@ -198,7 +198,7 @@ class StructuredDense(keras.layers.Dense):
     non-trainable weights, never ``get_config`` entries), ``kernel`` builds
     the dense kernel from them, and ``call`` multiplies by the structure
     without building it. The contract of a subclass: ``build`` (ending in
-    ``_build_bias``), ``_product(x, dtype)``, ``_kernel(dtype)``,
+    ``_build_bias``), ``_product(x, dtype)``, ``_compose_kernel(dtype)``,
     ``_trainable_mask()`` and ``_units_for(n)``; ``from_dense`` copies a
     built Dense and ``to_dense()`` (here) returns one.
     """
@@ -284,7 +284,7 @@ class StructuredDense(keras.layers.Dense):
                 "not built"
             )
         self._check_loaded()
-        return self._kernel(self.variable_dtype)
+        return self._compose_kernel(self.variable_dtype)
 
     @property
     def trainable_mask(self) -> np.ndarray:
@@ -452,7 +452,7 @@ class DiagonalDense(StructuredDense):
     def _product(self, x, dtype):
         return diagonal_matmul(x, ops.cast(self.diagonal, dtype))
 
-    def _kernel(self, dtype):
+    def _compose_kernel(self, dtype):
         return diagonal(ops.cast(self.diagonal, dtype))
 
     def _trainable_mask(self):
@@ -625,7 +625,7 @@ class BandedDense(StructuredDense):
     def _product(self, x, dtype):
         return banded_matmul(x, *self._diagonals(dtype))
 
-    def _kernel(self, dtype):
+    def _compose_kernel(self, dtype):
         return banded(*self._diagonals(dtype))
 
     def _trainable_mask(self):
@@ -825,7 +825,7 @@ class BlockDense(StructuredDense):
     def _product(self, x, dtype):
         return block_matmul(x, self._rows(dtype))
 
-    def _kernel(self, dtype):
+    def _compose_kernel(self, dtype):
         return block(self._rows(dtype))
 
     def _trainable_mask(self):
