@@ -85,7 +85,6 @@ class FreezeEntries(keras.constraints.Constraint, _compat.KerasSaveable):
                 )
         self._mask = to_mask(mask, shape, name="mask")
         self._values = values_array
-        self._loaded = True
 
     @classmethod
     def from_variable(cls, variable, mask) -> FreezeEntries:
@@ -151,8 +150,7 @@ class FreezeEntries(keras.constraints.Constraint, _compat.KerasSaveable):
         shape = normalize_shape(tuple(config["shape"]), name="shape")
         shell = cls.__new__(cls)
         shell._mask = np.zeros(shape, bool)
-        shell._values = np.zeros((), np.float32)
-        shell._loaded = False
+        shell._values = np.full((), _compat.SHELL_FLOAT, np.float32)  # the mark
         return shell
 
     def _obj_type(self) -> str:
@@ -172,10 +170,9 @@ class FreezeEntries(keras.constraints.Constraint, _compat.KerasSaveable):
             )
         self._mask = mask
         self._values = np.asarray(store["values"])
-        self._loaded = True
 
     def _check_loaded(self) -> None:
-        if not self._loaded:
+        if _compat.is_shell(self._values):
             raise _compat.require_loaded("This FreezeEntries")
 
 
