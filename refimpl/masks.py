@@ -55,7 +55,11 @@ import numpy as np
 
 from refimpl import backend
 
-__all__ = ["as_array", "indices_to_mask", "mask_to_indices", "to_mask"]
+__all__ = [
+    "indices_to_mask",
+    "mask_to_indices",
+    "to_mask",
+]
 
 
 def _as_numpy(value, name: str) -> np.ndarray:

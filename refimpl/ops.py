@@ -20,8 +20,6 @@ from refimpl import backend
 from refimpl.masks import describe, normalize_shape, to_mask
 
 __all__ = [
-    "LAYER_MODES",
-    "MODES",
     "SELECT_ABOVE_DENSITY",
     "SPARSE_BELOW_DENSITY",
     "SPARSE_BELOW_DENSITY_XLA",

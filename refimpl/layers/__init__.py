@@ -17,7 +17,7 @@ layers:
   the values of its structure, multiplied without building it.
 """
 
-from refimpl.layers.partial import PartialDense, enable_partial, partial_class
+from refimpl.layers.partial import PartialDense, enable_partial
 from refimpl.layers.structured_dense import BandedDense, BlockDense, DiagonalDense
 
 __all__ = [
@@ -26,5 +26,4 @@ __all__ = [
     "DiagonalDense",
     "PartialDense",
     "enable_partial",
-    "partial_class",
 ]

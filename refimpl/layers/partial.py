@@ -63,13 +63,10 @@ from refimpl.ops import LAYER_MODES, check_mode, compose, mode_for, sparse_matmu
 from refimpl.partial import PartialWeight
 
 __all__ = [
-    "PARTIAL_CLASSES",
     "PartialDense",
-    "PartialWeightMixin",
     "enable_partial",
     "partial_class",
     "supported_classes",
-    "target_weight",
 ]
 
 _ELEMENTWISE_REGULARIZERS = (

@@ -38,7 +38,11 @@ from refimpl.structured import (
     split_last,
 )
 
-__all__ = ["BandedDense", "BlockDense", "DiagonalDense", "StructuredDense"]
+__all__ = [
+    "BandedDense",
+    "BlockDense",
+    "DiagonalDense",
+]
 
 
 # -- argument checks ------------------------------------------------------------
