@@ -122,7 +122,7 @@ def _layouts(keras, np, refimpl):
             start = kernels(converted)
             train(keras, converted, x, y)
             trained = kernels(converted)
-        base = converted.get_layer("d1").base_weight
+        base = converted.get_layer("d1").partial_weight.base
         results[name] = {
             "mesh": dict(
                 zip(distribution.device_mesh.axis_names, distribution.device_mesh.shape)

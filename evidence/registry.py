@@ -282,7 +282,7 @@ TECHNIQUES: tuple[Technique, ...] = (
         keras_fit=keras_cases.partial_dense("delta"),
     ),
     # The slices form: whole rows of the kernel, through a dense sub-product
-    # (refimpl._slices); the kernel is never composed.
+    # (refimpl.ops); the kernel is never composed.
     Technique(
         id="partial_slices",
         label="slices form",

@@ -26,9 +26,9 @@ import keras_hub
 import numpy as np
 
 import refimpl
-import refimpl.convert
 from evidence import text_lm
 from refimpl import selection
+from refimpl.partial import partial_weights
 
 RESULTS = text_lm.DATA / "results.csv"
 SEEDS = (0, 1, 2)
@@ -202,10 +202,8 @@ class _EverActive(keras.callbacks.Callback):
         if len(self.grow.history) == self.seen:
             return
         self.seen = len(self.grow.history)
-        for record in refimpl.convert.partial_layers(self.model.backbone):
-            layer = layer_at(self.model.backbone, record["path"])
-            path = f"{record['path']}/{record['weight']}"
-            self.masks[path] |= layer.trainable_mask
+        for weight in partial_weights(self.model.backbone):
+            self.masks[weight.path] |= weight.mask
 
 
 class _StepTimer(keras.callbacks.Callback):
@@ -227,12 +225,8 @@ def values_of(model) -> dict[str, np.ndarray]:
     """Every weight of the backbone by its pretrained path (partial ones composed)."""
     backbone = model.backbone
     values = {w.path: keras.ops.convert_to_numpy(w) for w in backbone.weights}
-    for record in refimpl.convert.partial_layers(backbone):
-        layer = layer_at(backbone, record["path"])
-        composed = getattr(layer, record["weight"])
-        values[f"{record['path']}/{record['weight']}"] = keras.ops.convert_to_numpy(
-            composed
-        )
+    for weight in partial_weights(backbone):  # the base's path: the pretrained one
+        values[weight.path] = weight.folded()
     plain = _plain_paths()
     assert plain <= set(values), plain - set(values)
     return {p: v for p, v in values.items() if p in plain}
@@ -247,14 +241,6 @@ def _plain_paths() -> set[str]:
 
 
 _PLAIN_PATHS: set[str] = set()
-
-
-def layer_at(backbone, path):
-    """The sub-layer of ``backbone`` at ``path`` (as ``partial_layers`` names it)."""
-    for layer in refimpl._compat.sub_layers(backbone):
-        if (layer.path or layer.name) == path:
-            return layer
-    raise KeyError(path)
 
 
 def fine_tune(

@@ -24,8 +24,8 @@ def test_auto_on_new_embedding_rows_is_the_delta():
     assert refimpl.ops.choose_mode(rows) == "sparse"
     converted = refimpl.partialize(model, {"e": rows}, mode="auto")
     layer = converted.get_layer("e")
-    assert layer.partial_mode == "delta"
-    assert layer.product_mode() == "delta"
+    assert layer.partial_weight.mode == "delta"
+    assert layer.partial_weight.product_mode() == "delta"
     x = np.array([[1, 2, 999]], dtype="int32")
     np.testing.assert_array_equal(
         keras.ops.convert_to_numpy(converted(x)), keras.ops.convert_to_numpy(model(x))
@@ -39,7 +39,7 @@ def test_auto_on_an_einsum_dense_kernel_with_few_entries_is_the_delta():
     mask = np.zeros((64, 64), bool)
     mask[3, 5] = True  # one entry, not a whole row or column
     converted = refimpl.partialize(model, {"p": mask}, mode="auto")
-    assert converted.get_layer("p").partial_mode == "delta"
+    assert converted.get_layer("p").partial_weight.mode == "delta"
 
 
 def test_auto_on_a_dense_kernel_with_few_entries_is_still_the_sparse_product():
@@ -48,4 +48,4 @@ def test_auto_on_a_dense_kernel_with_few_entries_is_still_the_sparse_product():
     mask = np.zeros((64, 64), bool)
     mask[3, 5] = True
     converted = refimpl.partialize(model, {"d": mask}, mode="auto")
-    assert converted.get_layer("d").partial_mode == "sparse"
+    assert converted.get_layer("d").partial_weight.mode == "sparse"

@@ -110,7 +110,7 @@ def test_every_supported_layer_converts_and_keeps_its_outputs():
     # Adam from a zero state: a frozen entry's update is 0 / (0 + eps) = 0.
     fit(converted, x, y, optimizer=keras.optimizers.Adam(0.05))
     for name, mask in masks.items():
-        after = numpy(converted.get_layer(name).base_weight)
+        after = numpy(converted.get_layer(name).partial_weight.base)
         refimpl.testing.assert_frozen(before[name], after, mask)
         assert refimpl.testing.moved(before[name], composed(name))[mask].any(), name
     merged = refimpl.merge(converted)
@@ -324,7 +324,7 @@ def assert_same_partial_state(weights: dict, kernel, loaded, layer="dense"):
     included, and the composed kernel come back bit for bit.
     """
     partial = loaded.get_layer(layer)
-    assert (~partial.trainable_mask).sum() == (~MASK).sum()
+    assert (~partial.partial_weight.mask).sum() == (~MASK).sum()
     assert [_key(w) for w in loaded.weights] == list(weights)
     for w in loaded.weights:
         np.testing.assert_array_equal(numpy(w), weights[_key(w)], err_msg=w.path)

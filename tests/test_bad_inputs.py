@@ -317,6 +317,7 @@ CASES = [
     ("save_partial_weights_path_type", "save_partial_weights", lambda: refimpl.save_partial_weights(_small_model(), 3), TypeError, "path", "3"),
     ("save_partial_weights_nothing_partial", "save_partial_weights", lambda: refimpl.save_partial_weights(_small_model(), "x.npz"), ValueError, "model", "sequential"),
     ("load_partial_weights_not_model", "load_partial_weights", lambda: refimpl.load_partial_weights("m", "x.npz"), TypeError, "model", "'m'"),
+    ("partial_weights_not_model", "partial_weights", lambda: refimpl.partial.partial_weights("m"), TypeError, "model", "'m'"),
     ("trainable_summary_print_fn", "trainable_summary", lambda: refimpl.convert.trainable_summary(_small_model(), print_fn=3), TypeError, "print_fn", "3"),
     ("enable_partial_not_layer", "enable_partial", lambda: refimpl.enable_partial("d", EYE), TypeError, "layer", "'d'"),
     ("enable_partial_unsupported", "enable_partial", lambda: refimpl.enable_partial(keras.layers.Dropout(0.1), EYE), TypeError, "layer", "Dropout"),
@@ -373,20 +374,21 @@ CASES = [
 
 # Public names that take no user input of their own.
 EXEMPT = {
-    "__version__": "a string, not a callable",
     "xla_enabled": "takes no argument",
+    "PartialWeight": "made by a partial layer or a PartialVariable, never by a user",
 }
 # The documented submodules whose functions and classes are public entry points.
 _SUBMODULES = (
-    "drop_and_grow",
+    "callbacks",
+    "convert",
     "masks",
     "ops",
     "optimizers",
+    "partial",
     "plotting",
     "selection",
     "structured",
     "testing",
-    "trainability",
 )
 
 

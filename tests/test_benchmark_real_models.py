@@ -48,9 +48,9 @@ def test_partial_variants_convert_every_kernel_in_their_form(name, mode):
     model = _model(name)
     partial = _partial(model)
     assert len(partial) == _kernel_count(real_models.build(keras, SIZES))
-    assert {layer.partial_mode for layer in partial} == {mode}
+    assert {layer.partial_weight.mode for layer in partial} == {mode}
     assert not model.get_layer("embedding").trainable
-    kernels = {id(layer.base_weight) for layer in partial}
+    kernels = {id(layer.partial_weight.base) for layer in partial}
     assert not any(id(v) in kernels for v in model.trainable_variables)
 
 
@@ -83,9 +83,9 @@ def test_cnn_variants_convert_every_convolution_and_the_head(name, mode, side):
         convolutions
     )
     assert len(convolutions) == 10  # the stem, two stages of two blocks, a projection
-    assert {layer.partial_mode for layer in partial} == {mode}
+    assert {layer.partial_weight.mode for layer in partial} == {mode}
     for layer in partial:
-        mask = layer.trainable_mask
+        mask = layer.partial_weight.mask
         if side is not None:  # whole slices along one axis: input or output
             kept = mask.any(
                 axis=tuple(a for a in range(mask.ndim) if a != mask.ndim + side)

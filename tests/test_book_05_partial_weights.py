@@ -150,7 +150,7 @@ def test_a_weights_file_carries_the_mask_into_a_layer_made_with_another(make, tm
     saved.save_weights(tmp_path / "m.weights.h5")
     fresh, fresh_layer = model(np.zeros((8, 4), "float32"), other)
     fresh.load_weights(tmp_path / "m.weights.h5")
-    np.testing.assert_array_equal(fresh_layer.trainable_mask, MASK)
+    np.testing.assert_array_equal(fresh_layer.partial_weight.mask, MASK)
     np.testing.assert_array_equal(fresh(X), saved(X))
 
 
@@ -160,8 +160,8 @@ class _Linear(keras.layers.Layer):
         self.w = w
 
     @property
-    def trainable_mask(self):
-        return self.w.mask
+    def partial_weight(self):  # the PartialVariable's holder, as a partial layer's
+        return self.w.partial_weight
 
     def call(self, x):
         return x @ self.w.value()

@@ -281,9 +281,9 @@ def test_partial_dense_from_dense_keeps_every_entry_whatever_the_mask():
     dense = _dense(4, kernel)
     for mode in ("delta", "select"):
         layer = PartialDense.from_dense(dense, MASK, mode=mode)
-        assert layer.partial_mode == mode
+        assert layer.partial_weight.mode == mode
         np.testing.assert_array_equal(_bits(layer.kernel), _bits(kernel))
-        np.testing.assert_array_equal(layer.trainable_mask, MASK)
+        np.testing.assert_array_equal(layer.partial_weight.mask, MASK)
 
 
 @pytest.mark.parametrize("name", FROM_DENSE)

@@ -46,12 +46,12 @@ class _Record(keras.callbacks.Callback):
         self.masks = masks
 
     def on_train_batch_end(self, batch, logs=None):
-        self.masks.append(self.model.get_layer("d").trainable_mask)
+        self.masks.append(self.model.get_layer("d").partial_weight.mask)
 
 
 def _state(model, name):
     layer = model.get_layer("d")
-    index = model.optimizer._get_variable_index(layer.partial_free)
+    index = model.optimizer._get_variable_index(layer.partial_weight.free)
     return _numpy(getattr(model.optimizer, name)[index])
 
 
@@ -60,9 +60,9 @@ def test_one_update_drops_the_least_moved_and_grows_the_largest_gradient(mode):
     plain, model = _model(mode)
     model.fit(X, Y, batch_size=8, epochs=2, verbose=0)
     layer = model.get_layer("d")
-    base = _numpy(layer.base_weight).ravel()
+    base = _numpy(layer.partial_weight.base).ravel()
     kernel = _numpy(layer.kernel).ravel()
-    positions = np.sort(np.flatnonzero(layer.trainable_mask))
+    positions = np.sort(np.flatnonzero(layer.partial_weight.mask))
     change = np.abs(kernel[positions] - base[positions])
     # The score, by hand: the squared gradient of the batch loss on the plain
     # kernel holding the current values (the base's gradient off the mask).
@@ -92,10 +92,10 @@ def test_one_update_drops_the_least_moved_and_grows_the_largest_gradient(mode):
         record["grown"], np.sort(np.argsort(-score, kind="stable")[:3])
     )
     after = _numpy(layer.kernel).ravel()
-    new_positions = np.flatnonzero(layer.trainable_mask)
-    assert len(new_positions) == layer.num_free == 6
+    new_positions = np.flatnonzero(layer.partial_weight.mask)
+    assert len(new_positions) == layer.partial_weight.num_free == 6
     np.testing.assert_array_equal(
-        _numpy(layer.partial_positions), new_positions
+        _numpy(layer.partial_weight.positions), new_positions
     )  # sorted
     # Dropped entries read their base again; grown ones start from it.
     np.testing.assert_array_equal(after[record["dropped"]], base[record["dropped"]])
@@ -121,8 +121,8 @@ def test_one_update_drops_the_least_moved_and_grows_the_largest_gradient(mode):
 def test_fit_with_the_callback_keeps_never_chosen_entries_and_k():
     plain, model = _model()
     layer = model.get_layer("d")
-    base = _numpy(layer.base_weight)
-    chosen = [layer.trainable_mask]
+    base = _numpy(layer.partial_weight.base)
+    chosen = [layer.partial_weight.mask]
 
     grow = refimpl.DropAndGrow((X, Y), every=3, fraction=0.34, batch_size=8)
     model.fit(
@@ -162,15 +162,15 @@ OPTIMIZERS = {
 def test_never_chosen_entries_keep_their_bits_under_every_optimizer(name):
     _, model = _model(optimizer=OPTIMIZERS[name]())
     layer = model.get_layer("d")
-    base = _numpy(layer.base_weight)
-    masks = [layer.trainable_mask]
+    base = _numpy(layer.partial_weight.base)
+    masks = [layer.partial_weight.mask]
 
     grow = refimpl.DropAndGrow((X, Y), every=2, fraction=0.5, batch_size=8)
     model.fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[grow, _Record(masks)])
     ever = np.logical_or.reduce(masks)
     assert len(grow.history) == 4 and ever.sum() > 6
     refimpl.testing.assert_frozen(base, layer.kernel, ever)
-    np.testing.assert_array_equal(_numpy(layer.base_weight), base)
+    np.testing.assert_array_equal(_numpy(layer.partial_weight.base), base)
 
 
 def test_stop_after_ends_the_updates():
@@ -198,7 +198,7 @@ def test_every_per_entry_optimizer_state_starts_fresh(optimizer, attribute, fres
     model.fit(X, Y, batch_size=8, epochs=1, verbose=0)
     [record] = regrow(model, (X, Y), fraction=0.5)
     state = _state(model, attribute)
-    positions = _numpy(model.get_layer("d").partial_positions)
+    positions = _numpy(model.get_layer("d").partial_weight.positions)
     grown = np.isin(positions, record["grown"])
     np.testing.assert_array_equal(state[grown], fresh)
     assert (state[~grown] != fresh).all()
@@ -210,9 +210,9 @@ def test_a_moving_average_of_the_weights_takes_the_grown_entries_value():
     [record] = regrow(model, (X, Y), fraction=0.5)
     layer = model.get_layer("d")
     average = _state(model, "_model_variables_moving_average")
-    positions = _numpy(layer.partial_positions)
+    positions = _numpy(layer.partial_weight.positions)
     grown = np.isin(positions, record["grown"])
-    base = _numpy(layer.base_weight).ravel()
+    base = _numpy(layer.partial_weight.base).ravel()
     np.testing.assert_array_equal(average[grown], base[positions[grown]])
     assert (average[~grown] != base[positions[~grown]]).all()
 
@@ -223,11 +223,11 @@ def test_the_current_positions_save_load_and_train_on(tmp_path):
     grow = refimpl.DropAndGrow((X, Y), every=2, fraction=0.5, batch_size=8)
     model.fit(X, Y, batch_size=8, epochs=1, verbose=0, callbacks=[grow])
     layer = model.get_layer("d")
-    mask = layer.trainable_mask
+    mask = layer.partial_weight.mask
     assert (mask != selection.random_mask((6, 4), k=6, seed=0)).any()
     model.save(tmp_path / "m.keras")
     loaded = keras.saving.load_model(tmp_path / "m.keras")
-    np.testing.assert_array_equal(loaded.get_layer("d").trainable_mask, mask)
+    np.testing.assert_array_equal(loaded.get_layer("d").partial_weight.mask, mask)
     np.testing.assert_array_equal(
         _numpy(loaded.predict(X, verbose=0)), _numpy(model.predict(X, verbose=0))
     )

@@ -152,9 +152,9 @@ def test_layouts_follow_the_plain_model_and_outputs_are_bit_identical(name):
     for path, axes in before.items():
         assert after[path] == axes, path  # the base keeps its path and layout
     for layer in (converted.get_layer("d1"), converted.get_layer("d2")):
-        assert spec(layer.kernel) == spec(layer.base_weight), layer.name
-        assert spec(layer.partial_free) == (None,)
-        assert spec(layer.partial_positions) == (None,)
+        assert spec(layer.kernel) == spec(layer.partial_weight.base), layer.name
+        assert spec(layer.partial_weight.free) == (None,)
+        assert spec(layer.partial_weight.positions) == (None,)
     with distribution.scope():
         np.testing.assert_array_equal(_numpy(converted(X)), _numpy(plain(X)))
         np.testing.assert_array_equal(
@@ -181,7 +181,7 @@ def test_fit_keeps_frozen_entries_and_trains_as_on_one_device(name):
         np.testing.assert_allclose(
             trained, _numpy(alone.get_layer(n).kernel), rtol=1e-5, atol=1e-6
         )
-        assert spec(layer.kernel) == spec(layer.base_weight)
+        assert spec(layer.kernel) == spec(layer.partial_weight.base)
     for variable in converted.optimizer.variables:
         if "partial_free" in variable.path:
             assert spec(variable) == (None,), variable.path
@@ -232,8 +232,8 @@ def test_a_key_for_every_weight_of_a_layer_does_not_catch_the_partial_weights():
         _mesh((2, 4), ["batch", "model"]), {"d1/.*": (None, "model")}
     )
     plain, converted = _converted(distribution, first_bias=False)
-    assert spec(converted.get_layer("d1").partial_free) == (None,)
-    assert spec(converted.get_layer("d1").base_weight) == (None, "model")
+    assert spec(converted.get_layer("d1").partial_weight.free) == (None,)
+    assert spec(converted.get_layer("d1").partial_weight.base) == (None, "model")
     with distribution.scope():
         np.testing.assert_array_equal(_numpy(converted(X)), _numpy(plain(X)))
 
@@ -245,8 +245,8 @@ def test_a_key_that_names_the_free_values_shards_them():
     )
     plain, converted = _converted(distribution)
     layer = converted.get_layer("d1")
-    assert spec(layer.partial_free) == ("model",)
-    assert spec(layer.partial_positions) == (None,)
+    assert spec(layer.partial_weight.free) == ("model",)
+    assert spec(layer.partial_weight.positions) == (None,)
     start = _numpy(layer.kernel)
     with distribution.scope():
         np.testing.assert_array_equal(_numpy(converted(X)), _numpy(plain(X)))
@@ -264,8 +264,8 @@ def test_a_key_that_names_the_positions_shards_them():
     plain, converted = _converted(distribution)
     for n in MASKS:
         layer = converted.get_layer(n)
-        assert spec(layer.partial_positions) == ("model",)
-        assert spec(layer.partial_free) == (None,)
+        assert spec(layer.partial_weight.positions) == ("model",)
+        assert spec(layer.partial_weight.free) == (None,)
     start = _numpy(converted.get_layer("d1").kernel)
     with distribution.scope():
         np.testing.assert_array_equal(_numpy(converted(X)), _numpy(plain(X)))
@@ -316,7 +316,7 @@ def test_select_form_lays_the_free_tensor_out_like_its_base():
     plain, converted = _converted(distribution, mode="select")
     for n in MASKS:
         layer = converted.get_layer(n)
-        assert spec(layer.partial_free) == spec(layer.base_weight)
+        assert spec(layer.partial_weight.free) == spec(layer.partial_weight.base)
     with distribution.scope():
         np.testing.assert_array_equal(_numpy(converted(X)), _numpy(plain(X)))
 
@@ -394,8 +394,8 @@ def test_every_converted_layer_type_keeps_its_layout_and_its_outputs(name):
     start = []
     for layer in partial:
         composed = getattr(layer, layer._partial_target)
-        assert spec(composed) == spec(layer.base_weight), layer.path
-        start.append((_numpy(composed), layer.trainable_mask))
+        assert spec(composed) == spec(layer.partial_weight.base), layer.path
+        start.append((_numpy(composed), layer.partial_weight.mask))
     with distribution.scope():
         for a, b in zip(_outputs(converted, x), _outputs(plain, x)):
             np.testing.assert_array_equal(a, b)
@@ -438,9 +438,11 @@ def test_a_keras_hub_backbone_under_its_own_layout_map(tmp_path):
     partial = _partial(converted)
     assert len(partial) == 1 + 2 * 2  # the embedding; query and gating per block
     for layer in partial:
-        assert spec(getattr(layer, layer._partial_target)) == spec(layer.base_weight)
-        assert spec(layer.partial_free) == (None,)
-    assert spec(converted.get_layer("token_embedding").base_weight) == (
+        assert spec(getattr(layer, layer._partial_target)) == spec(
+            layer.partial_weight.base
+        )
+        assert spec(layer.partial_weight.free) == (None,)
+    assert spec(converted.get_layer("token_embedding").partial_weight.base) == (
         "model",
         "batch",
     )
@@ -464,8 +466,8 @@ def test_the_slices_form_under_model_parallel(name):
         _fit(converted)
     for before, n, mask in zip(start, ("d1", "d2"), (rows, columns)):
         layer = converted.get_layer(n)
-        assert layer.partial_mode == "slices"
-        assert spec(layer.base_weight) == layouts(plain)[f"{n}/kernel"]
+        assert layer.partial_weight.mode == "slices"
+        assert spec(layer.partial_weight.base) == layouts(plain)[f"{n}/kernel"]
         after = _numpy(layer.kernel)
         assert_frozen(before, after, mask)
         assert not np.array_equal(after[mask], before[mask])

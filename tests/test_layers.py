@@ -91,6 +91,13 @@ def _targets(model, n, seed=1):
     return np.random.default_rng(seed).normal(size=(16, units)).astype("float32")
 
 
+def _mask(layer):
+    """The trainable mask: a partial layer's holder's, a structured layer's own."""
+    if isinstance(layer, PartialDense):
+        return layer.partial_weight.mask
+    return layer.trainable_mask
+
+
 @pytest.fixture
 def mixed_precision():
     keras.mixed_precision.set_global_policy("mixed_float16")
@@ -109,7 +116,7 @@ def test_layer_trains_saves_loads_and_trains_again_with_frozen_entries_bit_exact
     x = _data(n)
     y = _targets(model, n)
     start = keras.ops.convert_to_numpy(layer.kernel)
-    mask = layer.trainable_mask
+    mask = _mask(layer)
     model.fit(x, y, epochs=3, batch_size=8, verbose=0)
     assert_frozen(start, layer.kernel, mask)
     assert (moved(start, layer.kernel) & mask).any(), "no free entry moved"
@@ -123,7 +130,7 @@ def test_layer_trains_saves_loads_and_trains_again_with_frozen_entries_bit_exact
 
     reloaded_layer = loaded.layers[0]
     assert type(reloaded_layer) is type(layer)
-    np.testing.assert_array_equal(reloaded_layer.trainable_mask, mask)
+    np.testing.assert_array_equal(_mask(reloaded_layer), mask)
     before_second = keras.ops.convert_to_numpy(reloaded_layer.kernel)
     loaded.fit(x, y, epochs=2, batch_size=8, verbose=0)
     assert (moved(before_second, reloaded_layer.kernel) & mask).any()
@@ -137,7 +144,7 @@ def test_trainable_weights_hold_exactly_the_free_values(name):
     layer.build((None, n))
     bias = layer.kernel.shape[1] if layer.use_bias else 0
     assert count_free_parameters(layer) == trainable + bias
-    assert layer.trainable_mask.sum() == free
+    assert _mask(layer).sum() == free
 
 
 @pytest.mark.parametrize("name", list(LAYERS))
@@ -153,9 +160,9 @@ def test_no_change_to_the_trainable_weights_moves_a_frozen_kernel_entry(name):
     rng = np.random.default_rng(0)
     for weight in layer.trainable_weights:
         weight.assign(weight + rng.uniform(1.0, 2.0, size=weight.shape))
-    assert_frozen(start, layer.kernel, layer.trainable_mask)
+    assert_frozen(start, layer.kernel, _mask(layer))
     np.testing.assert_array_equal(
-        moved(start, layer.kernel), layer.trainable_mask, "a free entry stayed"
+        moved(start, layer.kernel), _mask(layer), "a free entry stayed"
     )
 
 
@@ -201,8 +208,8 @@ def test_from_config_round_trip_gives_the_same_layer(name):
         # No arrays in a config: the mask travels as the positions, with the
         # weights; the config holds its size and the resolved mode instead.
         assert "trainable_mask" not in config
-        assert config["num_free"] == layer.num_free
-        assert config["mode"] == layer.partial_mode
+        assert config["num_free"] == layer.partial_weight.num_free
+        assert config["mode"] == layer.partial_weight.mode
         init_args -= {"trainable_mask"}
     assert init_args - {"self", "kwargs"} <= set(config)
     clone = type(layer).from_config(config)
@@ -216,7 +223,7 @@ def test_from_config_round_trip_gives_the_same_layer(name):
             clone(x)
     clone.set_weights(layer.get_weights())
     assert clone.get_config() == config
-    np.testing.assert_array_equal(clone.trainable_mask, layer.trainable_mask)
+    np.testing.assert_array_equal(_mask(clone), _mask(layer))
     np.testing.assert_array_equal(clone(x), layer(x))
 
 
@@ -245,8 +252,8 @@ def test_layer_trains_under_jit_compile_and_mixed_float16(name, mixed_precision)
     model.fit(x, _targets(model, n), epochs=2, batch_size=8, verbose=0)
     assert layer.kernel.dtype == tf.float32
     assert model(x).dtype == tf.float16
-    assert_frozen(start, layer.kernel, layer.trainable_mask)
-    assert (moved(start, layer.kernel) & layer.trainable_mask).any()
+    assert_frozen(start, layer.kernel, _mask(layer))
+    assert (moved(start, layer.kernel) & _mask(layer)).any()
 
 
 def test_block_dense_reproduces_the_fixed_blocks_exactly():
@@ -293,8 +300,8 @@ def test_partial_dense_modes_build_the_same_kernel():
     for layer in kernels:
         layer.build((None, 5))
     np.testing.assert_array_equal(kernels[0].kernel, kernels[1].kernel)
-    assert kernels[0].partial_free.shape == (RANDOM_MASK.sum(),)
-    assert kernels[1].partial_free.shape == RANDOM_MASK.shape
+    assert kernels[0].partial_weight.free.shape == (RANDOM_MASK.sum(),)
+    assert kernels[1].partial_weight.free.shape == RANDOM_MASK.shape
 
 
 @pytest.mark.slow
@@ -319,13 +326,14 @@ def test_partial_dense_is_a_dense_defaulting_to_delta_with_its_kernel_frozen():
     layer = PartialDense(4, RANDOM_MASK)
     layer.build((None, 5))
     assert isinstance(layer, keras.layers.Dense)
-    assert layer.partial_mode == layer.get_config()["mode"] == "delta"
-    assert layer.num_free == RANDOM_MASK.sum()
+    assert layer.partial_weight.mode == layer.get_config()["mode"] == "delta"
+    assert layer.partial_weight.num_free == RANDOM_MASK.sum()
     # The Dense's own kernel variable is the frozen base.
-    assert layer.base_weight is layer._kernel
-    assert not layer.base_weight.trainable
-    assert not layer.partial_positions.trainable
-    assert keras.backend.standardize_dtype(layer.partial_positions.dtype) == "int32"
+    assert layer.partial_weight.base is layer._kernel
+    assert not layer.partial_weight.base.trainable
+    assert not layer.partial_weight.positions.trainable
+    positions_dtype = layer.partial_weight.positions.dtype
+    assert keras.backend.standardize_dtype(positions_dtype) == "int32"
     assert {w.name for w in layer.trainable_weights} == {"partial_free", "bias"}
     assert {w.path for w in layer.weights} == {
         f"{layer.name}/kernel",
@@ -335,7 +343,7 @@ def test_partial_dense_is_a_dense_defaulting_to_delta_with_its_kernel_frozen():
     }
     # The positions are the mask's flat row-major positions.
     np.testing.assert_array_equal(
-        keras.ops.convert_to_numpy(layer.partial_positions),
+        keras.ops.convert_to_numpy(layer.partial_weight.positions),
         np.flatnonzero(RANDOM_MASK),
     )
 
@@ -361,9 +369,9 @@ def test_partial_dense_auto_mode_resolves_by_density_and_default_does_not():
     }
     for layer in layers.values():
         layer.build((None, 5))
-    assert layers["default_dense"].partial_mode == "delta"
-    assert layers["auto_dense"].partial_mode == "select"
-    assert layers["auto_sparse"].partial_mode == "delta"
+    assert layers["default_dense"].partial_weight.mode == "delta"
+    assert layers["auto_dense"].partial_weight.mode == "select"
+    assert layers["auto_sparse"].partial_weight.mode == "delta"
     assert layers["auto_dense"].get_config()["mode"] == "select"
 
 
@@ -571,9 +579,8 @@ def test_kernel_of_an_unbuilt_layer_raises():
     ):
         PartialDense(2, np.zeros((3, 2), bool)).kernel  # noqa: B018
     partial = PartialDense(2, [[0, 0]], name="pd")
-    for attribute in ("trainable_mask", "num_free", "partial_mode", "base_weight"):
-        with pytest.raises(AttributeError, match=f"`{attribute}`. Received: 'pd'"):
-            getattr(partial, attribute)
+    with pytest.raises(AttributeError, match="`partial_weight`. Received: 'pd'"):
+        partial.partial_weight  # noqa: B018
     unbuilt = DiagonalDense(name="diag")
     with pytest.raises(AttributeError, match="Build the layer before reading `kernel`"):
         unbuilt.kernel  # noqa: B018

@@ -3,8 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 
-from refimpl.masks import normalize_shape
-from refimpl.masks import indices_to_mask, mask_to_indices, to_mask
+from refimpl.masks import indices_to_mask, mask_to_indices, normalize_shape, to_mask
 from tests.strategies import shape_and_mask
 
 pytestmark = pytest.mark.every_backend

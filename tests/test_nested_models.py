@@ -17,6 +17,7 @@ import pytest
 import refimpl
 from refimpl import selection
 from refimpl.layers.partial import PartialWeightMixin
+from refimpl.partial import partial_weights
 from tests.processes import WITHOUT_REFIMPL, run_python
 
 # Whole transformers and keras-hub models: `make test` runs them, `make check` not.
@@ -146,10 +147,10 @@ def test_converts_trains_reloads_continues_exactly_and_merges(name, tmp_path):
     model, masks, inputs = MODELS[name]()
     original = _predict(model, inputs)
     converted = refimpl.partialize(model, masks)
-    assert refimpl.convert.partial_layers(converted)
+    assert partial_weights(converted)
     _equal(_predict(converted, inputs), original)
     # The rest is frozen: only the chosen entries train.
-    free = sum(r["num_free"] for r in refimpl.convert.partial_layers(converted))
+    free = sum(weight.num_free for weight in partial_weights(converted))
     assert refimpl.testing.count_free_parameters(converted) == free
     target = _target(original)
     converted.compile(keras.optimizers.AdamW(0.05, weight_decay=0.1), "mse", metrics=[])

@@ -172,10 +172,12 @@ def test_outputs_are_bit_exact_and_only_the_free_values_train(name):
     )
     layer = converted.get_layer("target")
     assert isinstance(layer, partial_class(type(model.get_layer("target"))))
-    np.testing.assert_array_equal(layer.trainable_mask, mask)
+    np.testing.assert_array_equal(layer.partial_weight.mask, mask)
     # The rest is frozen by default: only the free values train, in the model.
-    assert [w.path for w in converted.trainable_weights] == [layer.partial_free.path]
-    assert layer.partial_free.shape == (mask.sum(),)
+    assert [w.path for w in converted.trainable_weights] == [
+        layer.partial_weight.free.path
+    ]
+    assert layer.partial_weight.free.shape == (mask.sum(),)
     # Named in `train`, the converted layer trains its bias too.
     kept = refimpl.partialize(model, {"target": mask}, train=["target"])
     own = kept.get_layer("target").trainable_weights
@@ -253,7 +255,7 @@ def test_keras_file_round_trip_and_training_again(name, tmp_path):
         loaded.predict(x, verbose=0), converted.predict(x, verbose=0)
     )
     layer = loaded.get_layer("target")
-    np.testing.assert_array_equal(layer.trainable_mask, mask)
+    np.testing.assert_array_equal(layer.partial_weight.mask, mask)
     before = _numpy(_weight(layer))
     loaded.fit(x, y, epochs=1, batch_size=4, verbose=0)
     refimpl.testing.assert_frozen(before, _weight(layer), mask)
@@ -296,7 +298,7 @@ def test_original_weights_file_and_the_converted_model(name, tmp_path):
     fresh.load_weights(path)
     again = refimpl.partialize(fresh, {"target": mask})
     np.testing.assert_array_equal(again.predict(x, verbose=0), expected)
-    np.testing.assert_array_equal(again.get_layer("target").trainable_mask, mask)
+    np.testing.assert_array_equal(again.get_layer("target").partial_weight.mask, mask)
 
 
 @pytest.mark.slow
@@ -368,7 +370,7 @@ def test_the_rest_is_frozen_by_default_and_train_keeps_named_layers():
     np.testing.assert_array_equal(converted(x), model(x))
     kept = refimpl.partialize(model, {"conv": [[0, 0, 0, 1]]}, train=["bn", "head"])
     assert [w.path for w in kept.trainable_weights] == [
-        kept.get_layer("conv").partial_free.path,
+        kept.get_layer("conv").partial_weight.free.path,
         *(w.path for w in kept.get_layer("bn").trainable_weights),
         *(w.path for w in kept.get_layer("head").trainable_weights),
     ]
@@ -406,7 +408,7 @@ def test_multi_head_attention_projection_by_weight_path():
         optimizer=keras.optimizers.AdamW(0.05, weight_decay=0.5), loss="mse"
     )
     converted.fit(x, y, epochs=2, verbose=0)
-    mask = query.trainable_mask
+    mask = query.partial_weight.mask
     assert mask.sum() == 7
     refimpl.testing.assert_frozen(before, query.kernel, mask)
     np.testing.assert_array_equal(mask, selection.magnitude_mask(before, k=7))
@@ -594,7 +596,7 @@ def test_a_kernel_regularizer_penalizes_the_free_values_with_the_plain_gradient(
     [plain_grad] = tape.gradient(plain_penalty, [plain.kernel])
     with tf.GradientTape() as tape:
         [penalty] = converted.losses
-    [grad] = tape.gradient(penalty, [layer.partial_free])
+    [grad] = tape.gradient(penalty, [layer.partial_weight.free])
     np.testing.assert_allclose(_numpy(grad), _numpy(plain_grad)[mask], rtol=1e-6)
 
 
@@ -612,9 +614,9 @@ def test_an_all_false_mask_freezes_the_whole_weight():
     shape = tuple(_weight(model.get_layer("target")).shape)
     converted = refimpl.partialize(model, {"target": np.zeros(shape, bool)})
     layer = converted.get_layer("target")
-    assert layer.num_free == 0
-    assert layer.base_weight.path.endswith("target/kernel")
-    assert not layer.base_weight.trainable
+    assert layer.partial_weight.num_free == 0
+    assert layer.partial_weight.base.path.endswith("target/kernel")
+    assert not layer.partial_weight.base.trainable
     before = _numpy(layer.kernel)
     converted.compile(optimizer=keras.optimizers.AdamW(0.05), loss="mse")
     converted.fit(x, y, epochs=1, verbose=0)
@@ -633,7 +635,7 @@ def test_a_refused_conversion_leaves_the_layer_plain():
     assert type(conv) is keras.layers.Conv2D
     assert [w.name for w in conv.weights] == ["kernel", "bias"]
     refimpl.enable_partial(conv, mask)
-    assert type(conv).__name__ == "PartialConv2D" and conv.num_free == 1
+    assert type(conv).__name__ == "PartialConv2D" and conv.partial_weight.num_free == 1
 
 
 def test_partial_dense_refuses_a_regularizer_it_cannot_split():

@@ -270,7 +270,7 @@ def test_partial_dense_and_partial_variable_default_to_the_same_mode():
     dense = refimpl.PartialDense(6, mask)
     dense.build((None, 6))
     variable = refimpl.PartialVariable(_start((6, 6)), mask)
-    assert dense.partial_mode == variable.mode == "delta"
+    assert dense.partial_weight.mode == variable.mode == "delta"
 
 
 def _adafactor_steps(steps=5, **mode):

@@ -16,6 +16,7 @@ import pytest
 
 import refimpl
 from refimpl import selection
+from refimpl.partial import partial_weights
 
 pytestmark = pytest.mark.every_backend
 
@@ -63,7 +64,7 @@ def test_the_file_reproduces_the_fine_tune_on_the_plain_and_the_converted_model(
     want = _numpy(tuned.predict(X, verbose=0))
     path = tmp_path / "tuned.npz"
     saved = refimpl.save_partial_weights(tuned, path)
-    k = sum(record["num_free"] for record in refimpl.convert.partial_layers(tuned))
+    k = sum(weight.num_free for weight in partial_weights(tuned))
     assert sum(saved["partial"].values()) == k and saved["full"] == {}
     # Onto the plain pretrained model: its weights become the merged ones.
     plain = _pretrained()
@@ -78,7 +79,8 @@ def test_the_file_reproduces_the_fine_tune_on_the_plain_and_the_converted_model(
     np.testing.assert_array_equal(_numpy(again.predict(X, verbose=0)), want)
     for layer in ("hidden", "head"):
         np.testing.assert_array_equal(
-            again.get_layer(layer).trainable_mask, tuned.get_layer(layer).trainable_mask
+            again.get_layer(layer).partial_weight.mask,
+            tuned.get_layer(layer).partial_weight.mask,
         )
 
 

@@ -13,6 +13,7 @@ import pytest
 
 import refimpl
 from refimpl import selection
+from refimpl.partial import partial_weights
 from tests.processes import WITHOUT_REFIMPL, run_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.tensorflow_only]
@@ -65,16 +66,16 @@ def test_mobilenet_v2_converts_trains_reloads_and_merges(tmp_path):
     np.testing.assert_array_equal(
         converted.predict(x, verbose=0), model.predict(x, verbose=0)
     )
-    records = refimpl.convert.partial_layers(converted)
-    assert len(records) == len(chosen) > 30
+    weights = partial_weights(converted)
+    assert len(weights) == len(chosen) > 30
     converted.compile(keras.optimizers.AdamW(1e-3), "categorical_crossentropy")
-    partial = [layer for layer in converted.layers if hasattr(layer, "num_free")]
+    partial = [layer for layer in converted.layers if hasattr(layer, "partial_weight")]
     before = [keras.ops.convert_to_numpy(layer.kernel) for layer in partial]
     converted.fit(x, y, epochs=1, verbose=0)
     for layer, start in zip(partial, before, strict=True):
-        refimpl.testing.assert_frozen(start, layer.kernel, layer.trainable_mask)
+        refimpl.testing.assert_frozen(start, layer.kernel, layer.partial_weight.mask)
     assert any(
-        refimpl.testing.moved(start, layer.kernel)[layer.trainable_mask].any()
+        refimpl.testing.moved(start, layer.kernel)[layer.partial_weight.mask].any()
         for layer, start in zip(partial, before, strict=True)
     )
     converted.save(tmp_path / "converted.keras")

@@ -83,7 +83,7 @@ def test_training_under_remat_is_the_same_and_recomputes_the_product(
     assert remat_calls.count("composed_product") >= len(NAMES)
     for before, a, b, layer in zip(start, got, expected, _partial(recomputed)):
         np.testing.assert_array_equal(a, b)
-        assert_frozen(before, a, layer.trainable_mask)
+        assert_frozen(before, a, layer.partial_weight.mask)
 
 
 def test_a_layer_keras_does_not_rematerialize_keeps_the_plain_product(remat_calls):

@@ -77,9 +77,9 @@ def test_each_key_reaches_the_weight_it_names_and_training_is_exact(tmp_path):
     converted.fit(X, TARGETS, epochs=3, verbose=0)
     for start, layer in zip(before, layers, strict=True):
         after = _numpy(getattr(layer, layer._partial_target))
-        refimpl.testing.assert_frozen(start, after, layer.trainable_mask)
-        assert refimpl.testing.moved(start, after)[layer.trainable_mask].all()
-    free = sum(layer.num_free for layer in layers)
+        refimpl.testing.assert_frozen(start, after, layer.partial_weight.mask)
+        assert refimpl.testing.moved(start, after)[layer.partial_weight.mask].all()
+    free = sum(layer.partial_weight.num_free for layer in layers)
     assert refimpl.testing.count_free_parameters(converted) == free
     path = tmp_path / "rnn.keras"
     converted.save(path)

@@ -10,6 +10,7 @@ import pytest
 
 import refimpl
 from refimpl import _compat
+from refimpl.partial import partial_weights
 from refimpl.testing import assert_frozen
 
 pytestmark = pytest.mark.every_backend
@@ -91,9 +92,9 @@ def test_a_short_name_matching_several_layers_converts_every_one():
     model = keras.Model(inputs, outputs)
     mask = np.eye(6, dtype=bool)
     converted = refimpl.partialize(model, {"proj": mask})
-    records = refimpl.convert.partial_layers(converted)
-    assert len(records) == 2, records
-    assert {r["num_free"] for r in records} == {6}
+    weights = partial_weights(converted)
+    assert len(weights) == 2, weights
+    assert {weight.num_free for weight in weights} == {6}
     np.testing.assert_array_equal(
         converted.predict(X, verbose=0), model.predict(X, verbose=0)
     )
@@ -133,10 +134,12 @@ def test_saving_leaves_the_frozen_base_untouched(tmp_path):
     mask = np.eye(6, 4, dtype=bool)
     converted = refimpl.partialize(_dense_model(), {"proj": mask})
     layer = converted.get_layer("proj")
-    layer.partial_free.assign(np.full(layer.num_free, 7.0, "float32"))
-    base = _numpy(layer.base_weight)
+    layer.partial_weight.free.assign(
+        np.full(layer.partial_weight.num_free, 7.0, "float32")
+    )
+    base = _numpy(layer.partial_weight.base)
     converted.save(tmp_path / "m.keras")
-    np.testing.assert_array_equal(_numpy(layer.base_weight), base)
+    np.testing.assert_array_equal(_numpy(layer.partial_weight.base), base)
     loaded = keras.saving.load_model(tmp_path / "m.keras")
     np.testing.assert_array_equal(
         _numpy(loaded.get_layer("proj").kernel), _numpy(layer.kernel)

@@ -55,7 +55,7 @@ def _assert_trained_as_delta(layers, references, start):
     """Frozen bits kept, free entries moved, as the "delta" form moved them."""
     for layer, reference, before in zip(layers, references, start):
         after = _numpy(layer.kernel)
-        assert_frozen(before, after, layer.trainable_mask)
+        assert_frozen(before, after, layer.partial_weight.mask)
         assert not np.array_equal(after, before)
         np.testing.assert_allclose(
             after, _numpy(reference.kernel), rtol=1e-4, atol=1e-5
@@ -103,7 +103,7 @@ def test_outputs_bit_identical_fit_exact_and_as_delta(mode):
     converted = refimpl.partialize(model, _masks(), mode=mode)
     layers = _partial(converted)
     assert len(layers) == 4
-    assert {layer.partial_mode for layer in layers} == {"slices"}
+    assert {layer.partial_weight.mode for layer in layers} == {"slices"}
     np.testing.assert_array_equal(_numpy(converted(X)), _numpy(model(X)))
     start = [_numpy(layer.kernel) for layer in layers]
     delta = refimpl.partialize(model, _masks(), mode="delta")
@@ -117,7 +117,7 @@ def test_auto_picks_slices_only_for_whole_slices():
     masks = _masks()
     masks["d1"] = refimpl.selection.random_mask((16, 32), k=64, seed=0)
     converted = refimpl.partialize(model, masks, mode="auto")
-    modes = {layer.path: layer.partial_mode for layer in _partial(converted)}
+    modes = {layer.path: layer.partial_weight.mode for layer in _partial(converted)}
     assert modes.pop("d1") != "slices"
     assert set(modes.values()) == {"slices"}
 
@@ -128,7 +128,7 @@ def test_files_merge_and_the_trained_entries(tmp_path):
     expected = _numpy(converted(X))
     converted.save(tmp_path / "m.keras")
     loaded = keras.saving.load_model(tmp_path / "m.keras")
-    assert {layer.partial_mode for layer in _partial(loaded)} == {"slices"}
+    assert {layer.partial_weight.mode for layer in _partial(loaded)} == {"slices"}
     np.testing.assert_array_equal(_numpy(loaded(X)), expected)
     refimpl.save_partial_weights(converted, tmp_path / "entries.npz")
     again = refimpl.partialize(model, _masks(), mode="slices")
@@ -171,7 +171,7 @@ def test_convolutions_whole_filters_and_channels():
     model = _cnn()
     converted = refimpl.partialize(model, _cnn_masks(), mode="slices")
     layers = _partial(converted)
-    assert [layer.partial_mode for layer in layers] == ["slices"] * 3
+    assert [layer.partial_weight.mode for layer in layers] == ["slices"] * 3
     np.testing.assert_array_equal(_numpy(converted(x)), _numpy(model(x)))
     delta = refimpl.partialize(model, _cnn_masks(), mode="delta")
     start = [_numpy(layer.kernel) for layer in layers]
@@ -181,7 +181,7 @@ def test_convolutions_whole_filters_and_channels():
     _assert_trained_as_delta(layers, _partial(delta), start)
     # auto keeps the composed forms for a convolution (not measured faster)
     auto = refimpl.partialize(model, _cnn_masks(), mode="auto")
-    assert "slices" not in {layer.partial_mode for layer in _partial(auto)}
+    assert "slices" not in {layer.partial_weight.mode for layer in _partial(auto)}
 
 
 def test_embedding_rows_are_looked_up_exactly(tmp_path):
@@ -197,7 +197,7 @@ def test_embedding_rows_are_looked_up_exactly(tmp_path):
     converted = refimpl.partialize(model, {"e": rows}, mode="slices")
     delta = refimpl.partialize(model, {"e": rows}, mode="delta")
     table = converted.get_layer("e")
-    assert table.partial_mode == "slices"
+    assert table.partial_weight.mode == "slices"
     np.testing.assert_array_equal(_numpy(converted(ids)), _numpy(model(ids)))
     before = _numpy(table.embeddings)
     for trained in (converted, delta):
@@ -215,7 +215,7 @@ def test_embedding_rows_are_looked_up_exactly(tmp_path):
     np.testing.assert_array_equal(_numpy(merged(ids)), _numpy(converted(ids)))
     converted.save(tmp_path / "m.keras")
     loaded = keras.saving.load_model(tmp_path / "m.keras")
-    assert loaded.get_layer("e").partial_mode == "slices"
+    assert loaded.get_layer("e").partial_weight.mode == "slices"
     np.testing.assert_array_equal(_numpy(loaded(ids)), _numpy(converted(ids)))
 
 

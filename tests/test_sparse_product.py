@@ -151,7 +151,7 @@ def test_gradient_of_the_free_values_equals_the_dense_reference():
     w, mask, x, _ = _case()
     model = _model(w, mask)
     layer = model.layers[0]
-    _trained_free(layer.partial_free, np.random.default_rng(4))
+    _trained_free(layer.partial_weight.free, np.random.default_rng(4))
     dense = keras.Sequential(
         [keras.Input((N_IN,)), keras.layers.Dense(N_OUT, use_bias=False)]
     )
@@ -210,8 +210,8 @@ def test_mixed_precision_computes_in_float16_and_keeps_frozen_entries():
     )
     model.compile(optimizer=keras.optimizers.AdamW(0.05, weight_decay=0.5), loss="mse")
     model.fit(x, y, epochs=3, batch_size=4, verbose=0)
-    assert layer.partial_free.dtype == "float32"
-    assert layer.base_weight.dtype == "float32"
+    assert layer.partial_weight.free.dtype == "float32"
+    assert layer.partial_weight.base.dtype == "float32"
     refimpl.testing.assert_frozen(w, _numpy(layer.kernel), mask)
     np.testing.assert_array_equal(refimpl.testing.moved(w, _numpy(layer.kernel)), mask)
 
@@ -229,9 +229,12 @@ def test_keras_round_trip_keeps_mode_values_and_outputs(tmp_path):
     model.save(path)
     loaded = keras.saving.load_model(path)
     layer = loaded.layers[0]
-    assert layer.partial_mode == "sparse" and layer.product_mode() == "sparse"
+    assert (
+        layer.partial_weight.mode == "sparse"
+        and layer.partial_weight.product_mode() == "sparse"
+    )
     np.testing.assert_array_equal(_numpy(layer.kernel), _numpy(model.layers[0].kernel))
-    np.testing.assert_array_equal(layer.trainable_mask, mask)
+    np.testing.assert_array_equal(layer.partial_weight.mask, mask)
     # The file holds every variable as it was: the same base, free values and
     # positions, so the sparse product gives the trained model's outputs, bit
     # for bit.
@@ -251,14 +254,16 @@ def test_auto_round_trip_keeps_the_trace_time_choice(tmp_path):
     mask.flat[rng.choice(n * n, k, replace=False)] = True
     layer = refimpl.PartialDense(n, mask, mode="auto")
     model = keras.Sequential([keras.Input((n,)), layer])
-    assert layer.partial_mode == "sparse" and layer.get_config()["auto"] is True
+    assert layer.partial_weight.mode == "sparse" and layer.get_config()["auto"] is True
     path = tmp_path / "auto.keras"
     model.save(path)
     loaded = keras.saving.load_model(path).layers[0]
-    assert loaded.partial_mode == "sparse" and loaded.get_config()["auto"] is True
+    assert (
+        loaded.partial_weight.mode == "sparse" and loaded.get_config()["auto"] is True
+    )
     # Outside a traced step the product follows the backend's XLA use.
     for each in (layer, loaded):
-        assert each.product_mode() == refimpl.ops.choose_mode(
+        assert each.partial_weight.product_mode() == refimpl.ops.choose_mode(
             mask, jit_compile=xla_enabled()
         )
 
@@ -276,9 +281,9 @@ def test_weights_saved_in_delta_mode_load_into_a_sparse_layer(tmp_path):
     # The two modes have the same weights: the sparse layer takes the delta
     # layer's base (not the zeros it started from) and its free values.
     layer = sparse.layers[0]
-    np.testing.assert_array_equal(_numpy(layer.base_weight), w)
+    np.testing.assert_array_equal(_numpy(layer.partial_weight.base), w)
     np.testing.assert_array_equal(
-        _numpy(layer.partial_free), _numpy(delta.layers[0].partial_free)
+        _numpy(layer.partial_weight.free), _numpy(delta.layers[0].partial_weight.free)
     )
     trained = _numpy(delta.layers[0].kernel)
     np.testing.assert_array_equal(_numpy(layer.kernel), trained)

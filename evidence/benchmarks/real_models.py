@@ -139,10 +139,10 @@ def _kernel_layers(keras, model):
 
 def _slice_mask(layer, np, density, side):
     """Whole slices of ``layer``'s kernel along its last input (or output) axis."""
-    from refimpl import _slices
+    from refimpl import ops
 
     shape = tuple(layer.kernel.shape)
-    axes = _slices.layer_axes(layer)
+    axes = ops.layer_axes(layer)
     axis = max(a for a, (s, _) in enumerate(axes) if s == side)
     count = max(1, math.ceil(density * shape[axis]))
     chosen = np.random.default_rng(axis).choice(shape[axis], count, replace=False)
@@ -306,15 +306,14 @@ def stages(model, keras, tf):
     the whole training step.
     """
     from refimpl import _compat
-    from refimpl.layers import _products
+    from refimpl.layers.partial import _takes_over
 
     step, optimizer = step_function(model, keras, tf)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     composing = [
         layer
         for layer in _compat.sub_layers(model)
-        if getattr(layer, "partial_free", None) is not None
-        and not _products.takes_over(layer)
+        if hasattr(layer, "partial_weight") and not _takes_over(layer)
     ]
 
     @tf.function
