@@ -73,10 +73,12 @@ def partialize(
     A key (of ``layer_masks`` or ``train``) matches a layer by its name, its
     weight's path, or the end of the path (``"query/kernel"``, ``"query"``), at
     any depth (inside attention layers and transformer blocks too); a key of
-    ``layer_masks`` converts every layer it matches (:func:`partial_layers`
-    lists them). A key naming an RNN layer or a ``Bidirectional`` wrapper
-    converts its cells' kernels; a weight path picks a layer's other weight
-    (``"lstm/recurrent_kernel"``, ``"sep/pointwise_kernel"``).
+    ``layer_masks`` converts every layer it matches (:func:`trainable_summary`
+    lists them). A key naming an RNN layer converts its cell's kernel, and
+    one naming a wrapper (``Bidirectional``, ``TimeDistributed``, any
+    ``keras.layers.Wrapper``) the layer it wraps (both directions'); a weight
+    path picks a layer's other weight (``"lstm/recurrent_kernel"``,
+    ``"sep/pointwise_kernel"``).
 
     Args:
         model: a built Keras model, copied: ``Sequential``, functional, or a
@@ -184,36 +186,6 @@ def _uncompile(model) -> None:
         model.optimizer = None
         model.train_function = model.test_function = None
         model.predict_function = None
-
-
-def partial_layers(model) -> list[dict]:
-    """What is partially trainable in ``model``: one record per partial layer.
-
-    Returns:
-        A list with one dict per partial layer, in the model's layer order,
-        with ``"path"`` (str, the layer's path), ``"class"`` (str, its class
-        name), ``"weight"`` (str, the partial weight: ``"kernel"``,
-        ``"recurrent_kernel"``), ``"num_free"`` and ``"size"`` (int, the free
-        and all entries of that weight).
-
-    >>> from refimpl import partialize
-    >>> from refimpl.convert import partial_layers
-    >>> layers = [keras.Input((3,)), keras.layers.Dense(2, name="d")]
-    >>> model = partialize(keras.Sequential(layers, name="net"), {"d": [[0, 0]]})
-    >>> [(r["path"], r["class"], r["num_free"]) for r in partial_layers(model)]
-    [('net/d', 'PartialDense', 1)]
-    """
-    return [
-        {
-            "path": layer.path or layer.name,
-            "class": type(layer).__name__,
-            "weight": layer._partial_target,
-            "num_free": layer.partial_weight.num_free,
-            "size": int(np.prod(layer.partial_weight.shape)),
-        }
-        for layer in _compat.sub_layers(model)
-        if isinstance(layer, PartialWeightMixin)
-    ]
 
 
 def _check_model(model, what: str, *, allow_subclassed: bool = False) -> None:
@@ -512,8 +484,9 @@ def trainable_summary(model, *, print_fn=None) -> list[dict]:
 # and weights it means.
 #
 # A key is a layer's name, its path, or the end of a path (``"query"``,
-# ``"query/kernel"``), matched at any depth; a key that names an RNN layer or a
-# ``Bidirectional`` wrapper means the cells inside; a weight's path picks which
+# ``"query/kernel"``), matched at any depth; a key that names an RNN layer means
+# its cell, and one that names a wrapper (``Bidirectional``, ``TimeDistributed``,
+# any ``keras.layers.Wrapper``) the layer it wraps; a weight's path picks which
 # weight of a layer with two (``"lstm/recurrent_kernel"``).
 
 
@@ -543,6 +516,7 @@ def resolve(model, masks):
                     f"`layer_masks[{key!r}]` names layer {where(layer)}, which "
                     "is already partially trainable"
                 )
+            _check_plain(key, layer)
             if not is_supported(type(layer)):
                 raise TypeError(
                     f"`layer_masks[{key!r}]` names layer {where(layer)} "
@@ -551,6 +525,24 @@ def resolve(model, masks):
                     f"converts {supported_names()}"
                 )
             yield key, layer, weight_of(layer, key), mask
+
+
+def _check_plain(key, layer) -> None:
+    """Refuse, before anything is converted, a layer that LoRA or
+    quantization has changed: a partial weight combines with neither."""
+    if getattr(layer, "lora_enabled", False):
+        what = "LoRA (`enable_lora`)"
+        todo = "Convert the model without LoRA, or leave this layer out"
+    elif getattr(layer, "quantization_mode", None):
+        what = f"{layer.quantization_mode} quantization"
+        todo = "Convert the float model before quantizing it, or leave this layer out"
+    else:
+        return
+    raise ValueError(
+        f"`layer_masks[{key!r}]` names layer {where(layer)} of type "
+        f"{type(layer).__name__}, which uses {what}: a partial weight does not "
+        f"combine with it. {todo}"
+    )
 
 
 def match_keys(model, keys, name: str, layers=None):
@@ -579,12 +571,16 @@ def names(layer, key: str) -> bool:
 
 def weight_layers(layer) -> list:
     """The layers that hold the weights a key naming ``layer`` means: an RNN's
-    cell, both directions of a ``Bidirectional``; else ``layer`` itself."""
+    cell, both directions of a ``Bidirectional``, the layer a wrapper
+    (``TimeDistributed``, any ``keras.layers.Wrapper``) wraps; else ``layer``
+    itself."""
     if isinstance(layer, keras.layers.Bidirectional):
         return [
             *weight_layers(layer.forward_layer),
             *weight_layers(layer.backward_layer),
         ]
+    if isinstance(layer, keras.layers.Wrapper) and not is_supported(type(layer)):
+        return weight_layers(layer.layer)
     if isinstance(layer, keras.layers.RNN) and is_supported(type(layer.cell)):
         return [layer.cell]
     return [layer]

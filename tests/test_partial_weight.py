@@ -112,3 +112,20 @@ def test_the_default_form_is_delta_and_auto_takes_whole_rows_as_slices():
     auto = refimpl.partialize(model, {"d": ROWS}, mode="auto")
     assert default.get_layer("d").partial_weight.mode == "delta"
     assert auto.get_layer("d").partial_weight.mode == "slices"
+
+
+def test_setting_trainable_again_keeps_the_base_and_the_rest_frozen():
+    # `model.trainable = False` then `True` (keras-hub's enable_lora does the
+    # same to each layer it targets) must not make the frozen base train.
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="d")])
+    converted = refimpl.partialize(model, {"d": ROWS})
+    converted.trainable = False
+    converted.trainable = True
+    layer = converted.get_layer("d")
+    assert [w.name for w in converted.trainable_weights] == ["partial_free"]
+    base = keras.ops.convert_to_numpy(layer.partial_weight.base).copy()
+    converted.compile(optimizer="sgd", loss="mse")
+    converted.fit(np.ones((4, 4)), np.ones((4, 3)), verbose=0)
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(layer.partial_weight.base), base
+    )

@@ -52,6 +52,7 @@ from __future__ import annotations
 import functools
 import gc
 import importlib
+import inspect
 import types
 
 import keras
@@ -265,6 +266,25 @@ class PartialWeightMixin:
                 variable.trainable = False
         self._partial_rest_frozen = True
 
+    @property
+    def trainable(self):
+        return keras.layers.Layer.trainable.fget(self)
+
+    @trainable.setter
+    def trainable(self, value):
+        # Keras sets every variable the layer created trainable: the frozen
+        # base (and, after `freeze_rest`, the rest) must stay frozen.
+        keras.layers.Layer.trainable.fset(self, value)
+        holder = self.__dict__.get("partial_weight")
+        if holder is None:
+            return
+        for variable in self.weights:
+            if variable is holder.base or (
+                getattr(self, "_partial_rest_frozen", False)
+                and variable is not holder.free
+            ):
+                variable.trainable = False
+
     def _partial_check_loaded(self):
         self.partial_weight.check_loaded()
 
@@ -326,6 +346,30 @@ class PartialWeightMixin:
         layer._partial_shell = shell
         layer._partial_rest_frozen = not rest_trainable
         return layer
+
+    # -- LoRA: refused ---------------------------------------------------------------
+    def enable_lora(self, *args, **kwargs):
+        """Refused: a partial weight and LoRA do not combine.
+
+        Keras' ``enable_lora`` (which keras-hub's ``Backbone.enable_lora``
+        calls on the ``query`` and ``value`` layers) would add its update to
+        the weight this layer composes, whose free values then overwrite it at
+        their entries; ``merge`` would count it twice.
+
+        Raises:
+            ValueError: always, naming the layer and what to do instead.
+        """
+        raise ValueError(
+            "LoRA cannot be enabled on a partially trainable layer: its "
+            f"`{self._partial_target}` already trains at some entries, where "
+            "the free values would overwrite LoRA's update (and `merge` would "
+            "add it twice). Merge first (`refimpl.merge(model)`, or "
+            "`layer.fold()` for this layer) and enable LoRA on the plain "
+            "layer, or enable LoRA on other layers (keras-hub: "
+            "`backbone.enable_lora(rank, target_layer_names=[...])`). "
+            f"Received: layer {self.path or self.name!r} "
+            f"({type(self).__name__})"
+        )
 
     # -- the way out ---------------------------------------------------------------
     @classmethod
@@ -1248,11 +1292,46 @@ def host_class(plain: type) -> type:
                     f"A ``{plain.__name__}`` that holds partial sub-layers: "
                     "made by :func:`refimpl.partialize <refimpl.convert.partialize>`."
                 ),
+                **(
+                    {"enable_lora": _enable_lora}
+                    if hasattr(plain, "default_lora_layer_names")
+                    else {}
+                ),
             },
         )
         _compat.register_under(cls, HOST_NAME, _Loader)
         _HOST_CLASSES[plain] = cls
     return _HOST_CLASSES[plain]
+
+
+def _enable_lora(self, *args, **kwargs):
+    """keras-hub's ``Backbone.enable_lora``, refused before it changes anything
+    when it would reach a partial layer (it freezes every layer, then enables
+    LoRA layer by layer, and a partial layer refuses it)."""
+    plain = self._host_plain.enable_lora
+    try:
+        given = inspect.signature(plain).bind(self, *args, **kwargs).arguments
+    except TypeError:
+        return plain(self, *args, **kwargs)  # keras-hub's own message
+    names = given.get("target_layer_names")
+    if names is None:
+        names = self.default_lora_layer_names()
+    reached = [
+        f"{sub.path or sub.name!r} ({type(sub).__name__})"
+        for sub in _compat.sub_layers(self)
+        if isinstance(sub, PartialWeightMixin) and sub.name in names
+    ]
+    if reached:
+        raise ValueError(
+            f"`enable_lora` would apply LoRA to {len(reached)} partially "
+            f"trainable layer(s) of {self.name!r}, whose free values would "
+            "overwrite LoRA's update (and `merge` would add it twice): "
+            f"{', '.join(reached)}. Nothing was changed. Merge first "
+            "(`refimpl.merge(model)`) and enable LoRA on the merged model, or "
+            "leave these layers out of `target_layer_names`. Received: "
+            f"target_layer_names={list(names)}"
+        )
+    return plain(self, *args, **kwargs)
 
 
 def install(layer, records, frozen=()) -> None:
