@@ -10,6 +10,10 @@
 #   make execute  re-run every notebook in place after editing it
 #   make bench    run the benchmarks and rewrite evidence/benchmarks/results/
 #                 (one layer; a transformer and a CNN in results/real/)
+#   make nightly  the fast tests and the README's examples on Keras' nightly
+#                 build (keras-nightly and keras-hub-nightly, pinned in
+#                 requirements-nightly.txt) in .venv-nightly; not part of
+#                 `make test`, and failures listed in CHANGELOG.md are expected
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -23,7 +27,7 @@ export TF_CPP_MIN_LOG_LEVEL := 3
 export PYTHONHASHSEED := 0
 
 .PHONY: book check test lint unit fast notebooks check-book build-book execute bench clean
-.PHONY: browser backends distribution
+.PHONY: browser backends distribution nightly
 
 # MathJax for the book, served from the build (no CDN): tools/install_mathjax.py
 # fetches the pinned npm package into the git-ignored _mathjax/.
@@ -119,6 +123,30 @@ bench: $(STAMP)
 	$(BIN)/python -m evidence.benchmarks.run
 	$(BIN)/python -m evidence.benchmarks.real_models
 	$(BIN)/python -m evidence.benchmarks.real_models --components
+
+# Keras' nightly build in a venv of its own: requirements.txt (refimpl from the
+# checkout) with keras and keras-hub swapped for the pins in
+# requirements-nightly.txt, which says why they install with --no-deps and how
+# to bump them. Both pytest runs go to the end; the target fails if either did.
+NIGHTLY       := .venv-nightly
+NIGHTLY_STAMP := $(NIGHTLY)/.installed
+
+$(NIGHTLY_STAMP): requirements.txt requirements-nightly.txt pyproject.toml
+	$(PYTHON) -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 12), "Python 3.11-3.12 is required, found " + sys.version.split()[0]'
+	test -x $(NIGHTLY)/bin/python || $(PYTHON) -m venv $(NIGHTLY)
+	$(NIGHTLY)/bin/python -m pip install --quiet --upgrade pip
+	$(NIGHTLY)/bin/python -m pip install --quiet -r requirements.txt
+	$(NIGHTLY)/bin/python -m pip uninstall --quiet -y keras-nightly keras-hub-nightly keras keras-hub
+	$(NIGHTLY)/bin/python -m pip install --quiet --no-deps -r requirements-nightly.txt
+	$(NIGHTLY)/bin/python -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'partially_trainable_checkout.pth').write_text('$(CURDIR)\n')"
+	touch $(NIGHTLY_STAMP)
+
+nightly: $(NIGHTLY_STAMP)
+	@$(NIGHTLY)/bin/python -c "import keras, keras_hub, refimpl; print('keras', keras.__version__, '- keras-hub', keras_hub.__version__, '- refimpl from', refimpl.__path__[0])"
+	@status=0; \
+	$(NIGHTLY)/bin/python -m pytest -q -m "not slow" tests --doctest-modules refimpl || status=1; \
+	$(NIGHTLY)/bin/python -m pytest -q tests/test_readme.py || status=1; \
+	exit $$status
 
 clean:
 	rm -rf _build
