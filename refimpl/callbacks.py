@@ -22,13 +22,20 @@ Choices, each tested:
   Adadelta, the initial accumulator for Adagrad and Ftrl, the new value for an
   exponential moving average of the weights. An optimizer whose per-entry state
   this module cannot reset (Adafactor, Muon, schedule-free AdamW, or an
-  optimizer it does not know) is refused.
+  optimizer it does not know, a subclass of one of the above included) is
+  refused. The state sits in private Keras attributes; a Keras release that
+  renamed one fails naming the optimizer and the attribute, never leaving the
+  state stale.
 * **The growth score** is the squared gradient of the loss with respect to
   the frozen base, summed over a few *probe* batches (``batches``) taken in
   turn from ``data``, at each update only: one extra forward and backward
   pass per probe batch once every ``every`` training steps, and no dense
   gradient in the training steps in between. The candidates are the entries
   not active before the update, so a dropped entry is not grown back at once.
+* **No update in a fit's last** ``every`` **steps** (``train_after``): an
+  entry grown there would not train, and the final mask would hold it at its
+  base value. The steps are the optimizer's ``iterations``, so a second
+  ``fit``, or one of a reloaded model, continues the schedule.
 * ``k``, the number of free entries of each layer, stays the same, and so do
   the optimizer's state sizes (``k`` values per slot). The positions are kept
   sorted, with the free values and their optimizer state moved along.
@@ -45,20 +52,16 @@ import keras
 import numpy as np
 
 from refimpl import _compat, backend
-from refimpl._optimizer_state import check_optimizer as _check_optimizer
-from refimpl._optimizer_state import slots as _slots
-from refimpl.layers.partial import PartialWeightMixin
 from refimpl.masks import check_int, describe, input_arrays
+from refimpl.partial import partial_weights
 
 __all__ = ["DropAndGrow", "regrow"]
 
 
 def _partial_layers(model):
-    layers = [
-        layer
-        for layer in _compat.sub_layers(model)
-        if isinstance(layer, PartialWeightMixin) and layer.trainable
-    ]
+    """The layers that hold a trainable partial weight: the partial layers and
+    each ``PartialVariable`` (in a layer of your own too)."""
+    layers = [pw.owner for pw in partial_weights(model) if pw.free.trainable]
     for layer in layers:
         if layer.partial_weight.mode == "slices":
             raise ValueError(
@@ -114,15 +117,17 @@ def regrow(model, data, *, fraction, loss=None, batches=1, batch_size=32, start=
         ``grown`` (flat positions, NumPy arrays).
 
     Raises:
-        TypeError: for a ``model`` that is not a built Keras model, ``data``
+        TypeError: for a ``model`` that is not a Keras model, ``data``
             that is not an ``(x, y)`` pair of arrays, a ``fraction`` that is
             not a number, or a ``batches`` or ``batch_size`` that is not an int.
-        ValueError: for a ``fraction`` outside (0, 1), a ``batches`` or
-            ``batch_size`` below 1, an ``x`` and a ``y`` of different numbers
-            of rows (or none), no ``loss`` given or compiled, or one loss per
-            output; a model with no trainable partial layer, or one in the
-            ``"slices"`` form; or an optimizer whose state cannot be reset per
-            entry.
+        ValueError: for a ``model`` that is not built, a ``fraction`` outside
+            (0, 1), a ``batches`` or ``batch_size`` below 1, an ``x`` and a
+            ``y`` of different numbers of rows (or none), no ``loss`` given or
+            compiled, or one loss per output; a model with no trainable
+            partial layer, or one in the ``"slices"`` form; or an optimizer
+            whose state cannot be reset per entry (one not named in
+            :mod:`refimpl.drop_and_grow`'s choices, such as Adafactor or a
+            subclass of your own).
 
     >>> from refimpl.callbacks import regrow
     >>> import refimpl
@@ -154,9 +159,16 @@ def regrow(model, data, *, fraction, loss=None, batches=1, batch_size=32, start=
 
 
 def _require_layers(model):
-    if not isinstance(model, keras.Model) or not model.built:
+    if not isinstance(model, keras.Model):
         raise TypeError(
             f"`model` must be a built Keras model. Received: model={describe(model)}"
+        )
+    if not model.built:
+        raise ValueError(
+            "`model` must be built: drop and grow reads the weights of its "
+            "partial layers. Build it first (call it on a batch, or "
+            "`model.build(input_shape)`). "
+            f"Received: model={describe(model.name)}, not built"
         )
     layers = _partial_layers(model)
     if not layers:
@@ -220,28 +232,50 @@ class DropAndGrow(keras.callbacks.Callback):
 
     A Keras callback for ``fit``; :mod:`refimpl.callbacks` lists its
     choices (what a dropped and a grown entry start from, the growth score).
-    Once every ``every`` training steps, at the end of the step, each
-    trainable partial layer drops ``round(fraction * k)`` of its ``k`` free
-    entries, those that moved least from their base value, and grows as many
-    where the growth score, the squared gradient on the base over ``batches``
-    probe batches of ``data``, is largest.
+    Each time the optimizer's step count (``optimizer.iterations``) reaches a
+    multiple of ``every``, at the end of that step, each trainable partial
+    layer drops ``round(fraction * k)`` of its ``k`` free entries, those that
+    moved least from their base value, and grows as many where the growth
+    score, the squared gradient on the base over ``batches`` probe batches of
+    ``data``, is largest.
+
+    The steps are the optimizer's, counted from the start of training, so a
+    second ``fit``, or a ``fit`` of a model saved and loaded again, continues
+    the schedule (and ``stop_after``) where the last one ended, with this
+    callback or a new one (a model loaded without its optimizer's state, as a
+    keras-hub task whose ``compile`` Keras does not restore, starts again
+    from step 0, with its optimizer). No update falls in the last
+    ``train_after`` steps of a ``fit`` (by default ``every``): the entries an
+    update grows train at least that many steps before the fit ends, and the
+    final mask holds no entry that never trained. A ``fit`` stopped early
+    (``EarlyStopping``, ``model.stop_training``) ends sooner than this rule
+    can know.
 
     Args:
         data: ``(x, y)``, the probe data (a slice of the training data serves).
-        every: the training steps between two updates (at least 1), counted
-            in calls of ``on_train_batch_end``: with ``steps_per_execution``
-            above 1 Keras calls it once per execution, so ``every`` counts
-            executions.
+        every: the optimizer steps between two updates (at least 1). With
+            ``steps_per_execution`` above 1, an update falls at the end of the
+            execution whose steps reach a multiple of ``every``; with
+            ``gradient_accumulation_steps``, a step is one update of the
+            weights.
         fraction: the share of each layer's free entries swapped, in (0, 1).
         batches: how many probe batches each update scores.
         batch_size: the rows of each probe batch.
         loss: the score's loss; by default the model's compiled loss.
-        stop_after: no update after this many steps (``None``: no limit), so
-            that the last entries grown have time to train.
+        stop_after: no update after this optimizer step, counted from the
+            start of training (``None``: no limit).
+        train_after: the fewest steps of the ``fit`` that must follow an
+            update (at least 0; ``None``: ``every``), so no update falls in a
+            fit's last ``train_after`` steps; 0 lets the final step update.
+            Above 0 it needs the fit's length: for data of unknown length,
+            pass ``steps_per_epoch`` to ``fit``, or set ``stop_after``.
 
     Attributes:
-        history: one dict per update: its ``step`` and, per layer path, the
-            number of entries swapped.
+        history: one dict per update: its ``step`` (the optimizer's) and, per
+            layer path, the number of entries swapped.
+
+    Four steps with ``every=2``: an update after step 2, none after step 4,
+    whose entries could not train; a second ``fit`` goes on from step 4.
 
     >>> import keras, numpy as np, refimpl
     >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="d")])
@@ -251,11 +285,14 @@ class DropAndGrow(keras.callbacks.Callback):
     >>> grow = refimpl.DropAndGrow((x, y), every=2, fraction=0.34)
     >>> _ = model.fit(x, y, batch_size=2, epochs=1, verbose=0, callbacks=[grow])
     >>> [h["step"] for h in grow.history], model.get_layer("d").partial_weight.num_free
-    ([2, 4], 3)
+    ([2], 3)
+    >>> _ = model.fit(x, y, batch_size=2, epochs=1, verbose=0, callbacks=[grow])
+    >>> [h["step"] for h in grow.history]
+    [2, 6]
     """
 
     def __init__(self, data, *, every=100, fraction=0.1, batches=1, batch_size=32,
-                 loss=None, stop_after=None):  # fmt: skip
+                 loss=None, stop_after=None, train_after=None):  # fmt: skip
         super().__init__()
         self.data = _check_data(data)
         self.every = check_int(every, "every", minimum=1)
@@ -264,8 +301,27 @@ class DropAndGrow(keras.callbacks.Callback):
         self.batch_size = check_int(batch_size, "batch_size", minimum=1)
         if stop_after is not None:
             stop_after = check_int(stop_after, "stop_after", minimum=1)
+        self.train_after = (
+            self.every if train_after is None else check_int(train_after, "train_after")
+        )
         self.stop_after, self.loss = stop_after, loss
-        self.history, self._steps, self._fitting = [], 0, False
+        self.history, self._seen, self._epoch, self._fitting = [], 0, 0, False
+
+    def _step(self) -> int:
+        """The optimizer's step count now."""
+        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+
+    def _steps_left(self, batch):
+        """The optimizer steps of this ``fit`` after the current one, at least."""
+        steps = (self.params or {}).get("steps")
+        if steps is None:
+            return None
+        epochs = (self.params or {}).get("epochs", 1)
+        batches = (epochs - self._epoch) * steps - (batch + 1)
+        optimizer = self.model.optimizer
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            optimizer = optimizer.inner_optimizer  # whose `iterations` it shows
+        return batches // (getattr(optimizer, "gradient_accumulation_steps", 0) or 1)
 
     def on_train_begin(self, logs=None):
         model = self.model
@@ -273,7 +329,21 @@ class DropAndGrow(keras.callbacks.Callback):
         _loss_of(model, self.loss)
         for layer in _partial_layers(model):
             _check_optimizer(model.optimizer, layer.partial_weight.free)
-        self._fitting = True
+        steps = (self.params or {}).get("steps")
+        if self.train_after and self.stop_after is None and steps is None:
+            raise ValueError(
+                "`fit` does not know how many steps it runs (data of unknown "
+                "length, no `steps_per_epoch`), so DropAndGrow cannot keep its "
+                "updates out of the last `train_after` steps, whose grown "
+                "entries would not train. Pass `steps_per_epoch` to `fit`, or "
+                "`stop_after` (the last step an update may fall on) or "
+                "`train_after=0` to DropAndGrow. Received: steps=None, "
+                f"train_after={self.train_after}, stop_after=None"
+            )
+        self._seen, self._epoch, self._fitting = self._step(), 0, True
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
 
     def on_train_end(self, logs=None):
         self._fitting = False
@@ -300,17 +370,21 @@ class DropAndGrow(keras.callbacks.Callback):
                 "`model.fit(..., callbacks=[...])`. Received: a call of "
                 "on_train_batch_end outside fit"
             )
-        self._steps += 1
-        if self._steps % self.every or (
-            self.stop_after and self._steps > self.stop_after
-        ):
+        step = self._step()
+        before, self._seen = self._seen, step
+        if step // self.every <= before // self.every:
+            return  # no multiple of `every` reached
+        if self.stop_after is not None and step > self.stop_after:
             return
+        left = self._steps_left(batch)
+        if left is not None and left < self.train_after:
+            return  # the entries grown would train too few steps, or none
         records = regrow(
             self.model, self.data, fraction=self.fraction, loss=self.loss,
             batches=self.batches, batch_size=self.batch_size,
-            start=len(self.history) * self.batches * self.batch_size,
+            start=(step // self.every - 1) * self.batches * self.batch_size,
         )  # fmt: skip
-        entry = {"step": self._steps}
+        entry = {"step": step}
         entry.update({r["path"]: len(r["grown"]) for r in records})
         self.history.append(entry)
 
@@ -354,3 +428,54 @@ def _loss_of(model, loss):
             f"for a model with several outputs. Received: loss={describe(loss)}"
         )
     return keras.losses.get(loss)
+
+
+# -- the optimizer's state of one variable, entry by entry ------------------
+def _updater(optimizer, variable):
+    """The optimizer that updates ``variable`` (through Keras' wrappers)."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return _updater(optimizer.inner_optimizer, variable)
+    multi = getattr(keras.optimizers, "MultiOptimizer", None)
+    if multi is not None and isinstance(optimizer, multi):
+        return _updater(_compat.multi_optimizer_part(optimizer, variable), variable)
+    return optimizer
+
+
+def _known(optimizer) -> bool:
+    """Whether ``optimizer`` is exactly one of the Keras optimizers of the table."""
+    name = type(optimizer).__name__
+    return name in _compat.OPTIMIZER_SLOTS and getattr(
+        keras.optimizers, name, None
+    ) is type(optimizer)
+
+
+def _check_optimizer(optimizer, variable) -> None:
+    inner = _updater(optimizer, variable)
+    if not _known(inner):
+        raise ValueError(
+            "`optimizer` must keep one state value per entry, which drop and grow "
+            "resets for a grown entry: one of "
+            f"{', '.join(sorted(_compat.OPTIMIZER_SLOTS))} (Keras' own classes, "
+            "or these wrapped in `LossScaleOptimizer` or `MultiOptimizer`). "
+            f"Received: optimizer={describe(inner)}"
+        )
+    _compat.check_optimizer_slots()  # once: this Keras keeps the state we reset
+
+
+def _slots(optimizer, variable):
+    """``(state variable, fresh kind)`` for each per-entry state of ``variable``."""
+    inner = _updater(optimizer, variable)
+    _check_optimizer(optimizer, variable)
+    if not inner.built:
+        return []
+    found = []
+    for attribute, state, fresh in _compat.optimizer_slots(inner, variable):
+        if tuple(state.shape) != tuple(variable.shape):  # pragma: no cover
+            raise ValueError(
+                f"{type(inner).__name__}'s state {attribute!r} of '{variable.path}' "
+                f"has shape {tuple(state.shape)}, not one value per entry"
+            )
+        if fresh == "initial":
+            fresh = float(inner.initial_accumulator_value)
+        found.append((state, fresh))
+    return found

@@ -51,6 +51,7 @@ from refimpl.ops import initializer as _constant
 __all__ = ["MaskedOptimizer", "apply_masked_gradients", "mask_gradients"]
 
 
+@keras.saving.register_keras_serializable(package="refimpl")
 class MaskedOptimizer(keras.optimizers.Optimizer):
     """Wrap a Keras optimizer so that only the entries in each mask are updated.
 

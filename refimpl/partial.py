@@ -56,6 +56,7 @@ class _FreeEntries(keras.regularizers.Regularizer):
     def __call__(self, x):
         holder = self.holder
         if holder.mode == "select":
+            x = x.value if isinstance(x, keras.Variable) else x
             x = keras.ops.where(holder._select(holder.positions), x, 0)
         return self.regularizer(x)
 

@@ -4,17 +4,27 @@ keras-hub saves a LoRA fine-tune as its adapters alone
 (``save_lora_weights``); this is the same for a sparse fine-tune. The file
 (NumPy's ``.npz``, no pickles) holds, for each partial weight, its path, its
 free positions and values, and a fingerprint of the frozen base (its shape,
-dtype and a SHA-256 checksum of its bytes); and each weight that trained in
-full (a head kept with ``train=``), whole. The positions are stored as the
+dtype and a SHA-256 checksum of its bytes); and each layer that trained whole
+(a head or a norm kept with ``train=``), whole: every weight it has, trainable
+or not (a ``BatchNormalization``'s moving mean and variance too), as PEFT's
+``modules_to_save`` keeps the whole module. The positions are stored as the
 gaps between them, in the smallest unsigned integer type that holds the
 largest gap: one byte per position when no gap exceeds 255 entries, two when
 none exceeds 65,535, four otherwise. A float32 value thus costs 5 to 8 bytes,
-plus a small header per weight (files of version 1 stored int32 positions,
-8 bytes a value, and still load). Weights are matched by their path
-in the model (its layers' names). Loaded onto the pretrained model it
-came from (plain or converted), it gives the fine-tuned model bit for bit;
-onto any other base it raises, because the entries would land on the wrong
-values.
+plus a small header per weight. Values of a type NumPy's format does not know
+(``bfloat16``) are stored as their bits, with the type's name in the header.
+
+A weight's path in the file is the names of the layers that hold it, from the
+model down, and its own name (``"encoder/d_in/kernel"``): the same in the
+model a fine-tune started from and in the copy that
+:func:`refimpl.partialize <refimpl.convert.partialize>` converts, whatever
+paths Keras gave their variables. A path that two weights of the model share
+(two layers of one name inside one layer) is refused, at saving and at
+loading. Loaded onto the pretrained model it came from (plain or converted),
+the file gives the fine-tuned model bit for bit; onto any other base it
+raises, because the entries would land on the wrong values. Files of versions
+1 and 2 (weights keyed by their variables' paths; version 1 stored int32
+positions) still load.
 """
 
 from __future__ import annotations
@@ -22,19 +32,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import Counter
 
 import keras
+import ml_dtypes  # noqa: F401  (Keras' own dependency: names bfloat16 for NumPy)
 import numpy as np
 
 from refimpl import _compat
-from refimpl.convert import fully_trainable
-from refimpl.layers.partial import PartialWeightMixin, is_supported, target_weight
 from refimpl.masks import describe, variable_path
+from refimpl.partial import partial_weights
 
 __all__ = ["load_partial_weights", "save_partial_weights"]
 
 _FORMAT = "refimpl.partial_weights"
-_VERSION = 2
+_VERSION = 3
 
 
 def _gaps(positions: np.ndarray) -> tuple[int, np.ndarray]:
@@ -58,7 +69,28 @@ def _positions(arrays: dict, record: dict, i: int, version: int) -> np.ndarray:
 
 
 def _numpy(variable) -> np.ndarray:
-    return np.array(keras.ops.convert_to_numpy(variable))
+    """A variable's values, in its own dtype (a backend may widen bfloat16)."""
+    array = np.array(keras.ops.convert_to_numpy(variable))
+    dtype = keras.backend.standardize_dtype(variable.dtype)
+    return array if array.dtype.name == dtype else array.astype(dtype)
+
+
+def _store(arrays: dict, header: dict, key: str, array: np.ndarray) -> None:
+    """Put ``array`` in the file; a dtype NumPy's format cannot name goes as bits."""
+    if np.dtype(array.dtype.str) != array.dtype:  # bfloat16 would read back as |V2
+        header.setdefault("dtypes", {})[key] = array.dtype.name
+        array = array.view(f"u{array.dtype.itemsize}")
+    arrays[key] = array
+
+
+def _read(arrays: dict, header: dict, key: str, dtype: str) -> np.ndarray:
+    """An array of the file, in the dtype it was saved in (``dtype`` for a file
+    of version 1 or 2, which held a bfloat16 array as raw bytes)."""
+    array = arrays[key]
+    name = header.get("dtypes", {}).get(key)
+    if name is None and array.dtype.kind == "V":
+        name = dtype
+    return array if name is None else array.view(np.dtype(name))
 
 
 def _fingerprint(array: np.ndarray) -> dict:
@@ -66,11 +98,131 @@ def _fingerprint(array: np.ndarray) -> dict:
     return {"shape": list(array.shape), "dtype": array.dtype.name, "sha256": digest}
 
 
-def _path(model, variable) -> str:
-    """A weight's path inside ``model`` (a ``Sequential`` adds its own name)."""
+def _weights(model) -> list[tuple[str, object, object]]:
+    """Every weight of ``model``, once, as ``(path, variable, layer)``.
+
+    The path is the names of the layers that hold the weight, from ``model``
+    down (without ``model``'s own name), then the weight's name; ``layer`` is
+    the layer whose own weight it is (``model`` for a weight of its own). The
+    config copy that ``partialize`` makes has the same layers with the same
+    names, so the same paths, even where Keras gives its variables shorter
+    ones (those of a wrapped or nested layer lose the parent's name).
+    """
+    below = {}
+
+    def sub_layers(layer):
+        if id(layer) not in below:
+            below[id(layer)] = _compat.sub_layers(layer)
+        return below[id(layer)]
+
+    found, seen = [], set()
+
+    def visit(layer, prefix):
+        inner = sub_layers(layer)
+        deeper = {id(sub) for child in inner for sub in sub_layers(child)}
+        children = [child for child in inner if id(child) not in deeper]
+        held = {id(v) for child in children for v in child.weights}
+        for variable in layer.weights:
+            if id(variable) not in held and id(variable) not in seen:
+                seen.add(id(variable))
+                found.append((prefix + variable.name, variable, layer))
+        for child in children:
+            visit(child, f"{prefix}{child.name}/")
+
+    visit(model, "")
+    return found
+
+
+def _legacy_path(model, variable) -> str:
+    """A weight's key in files of versions 1 and 2: its variable's path,
+    without ``model``'s name in front."""
     path = variable_path(variable)
     prefix = model.name + "/"
     return path[len(prefix) :] if path.startswith(prefix) else path
+
+
+def _where(variable, layer) -> str:
+    return f"{layer.name!r} ({type(layer).__name__}, Keras path {variable.path!r})"
+
+
+def _check_unique(weights, paths) -> None:
+    """Refuse a path of ``paths`` that more than one weight of ``weights`` has."""
+    held = {}
+    for path, variable, layer in weights:
+        if path in paths:
+            held.setdefault(path, []).append((variable, layer))
+    for path, pairs in held.items():
+        if len(pairs) > 1:
+            raise ValueError(
+                f"`model` has {len(pairs)} weights at the path {path!r}, in the "
+                f"layers {', '.join(_where(v, layer) for v, layer in pairs)}: the "
+                "file names a weight by the names of the layers that hold it, and "
+                "could not tell these apart. Give those layers different names."
+            )
+
+
+def _find(model, names: list, version: int, path: str) -> dict:
+    """``{name: (variable, layer)}``: the weight of ``model`` that each path of
+    the file names.
+
+    The path that equals it decides (in a file of version 1 or 2, the
+    variable's path); only where none does, the one path that ends with it,
+    or that it ends with, as a file saved from a keras-hub backbone and
+    loaded onto its task model, or the other way. ``ValueError`` for a path
+    that the file has twice, that no weight or two weights have, or two paths
+    that name one weight.
+    """
+    repeated = sorted(name for name, n in Counter(names).items() if n > 1)
+    if repeated:
+        raise ValueError(
+            f"The file at `path` has {repeated[:5]} more than once: it was saved "
+            "from a model with two weights at one path (format versions 1 and 2 "
+            "allowed it), and cannot say which values are whose. Save it again "
+            f"from the fine-tuned model. Received: path={path!r}"
+        )
+    weights = _weights(model)
+    exact = {}
+    for name, variable, layer in weights:
+        key = name if version >= 3 else _legacy_path(model, variable)
+        exact.setdefault(key, []).append((variable, layer))
+    found, missing = {}, []
+    for name in names:
+        pairs = exact.get(name, [])
+        _check_unique([(name, v, layer) for v, layer in pairs], {name})
+        pairs = pairs or [
+            (variable, layer)
+            for own, variable, layer in weights
+            if own.endswith("/" + name) or name.endswith("/" + own)
+        ]
+        if len(pairs) > 1:
+            raise ValueError(
+                f"The file at `path` has {name!r}, and `model` has no weight at "
+                f"that path but {len(pairs)} at a path that ends with it or that it "
+                f"ends with, in the layers "
+                f"{', '.join(_where(v, layer) for v, layer in pairs)}: load it onto "
+                f"the model it was trained from. Received: path={path!r}"
+            )
+        if pairs:
+            found[name] = pairs[0]
+        else:
+            missing.append(name)
+    if missing:
+        raise ValueError(
+            f"The file at `path` has weights that `model` does not: {missing[:5]}. "
+            f"Load it onto the model it was trained from. Received: path={path!r}"
+        )
+    named = {}
+    for name, (variable, _) in found.items():
+        named.setdefault(id(variable), []).append(name)
+    twice = [both for both in named.values() if len(both) > 1]
+    if twice:
+        variable = found[twice[0][0]][0]
+        raise ValueError(
+            f"The file at `path` has {twice[0]}, which all name the one weight "
+            f"{variable.path!r} of `model`: load it onto the model it was trained "
+            f"from. Received: path={path!r}"
+        )
+    return found
 
 
 def _check_path(path, what: str) -> str:
@@ -88,14 +240,34 @@ def _check_path(path, what: str) -> str:
 
 
 def _check_model(model) -> None:
-    if not isinstance(model, keras.Model) or not model.built:
+    if not isinstance(model, keras.Model):
         raise TypeError(
-            f"`model` must be a built Keras model. Received: model={describe(model)}"
+            f"`model` must be a Keras model. Received: model={describe(model)}"
         )
+    if not model.built:
+        raise ValueError(
+            f"`model` must be built. Received: model={describe(model.name)}"
+        )
+
+
+def _trains_whole(variable, layer, model, free) -> bool:
+    """Whether the file keeps ``variable`` whole: a weight of a layer that
+    trains (all of its weights, its state too), or another trainable weight of
+    a layer that holds a partial weight (its bias, kept with ``train=``).
+    ``free`` maps each such layer to its partial weight's free values."""
+    if id(layer) in free:
+        return variable.trainable and variable is not free[id(layer)]
+    if layer is model:
+        return variable.trainable
+    return layer.trainable
 
 
 def save_partial_weights(model, path) -> dict:
     """Save the trained entries of a converted ``model`` to ``path`` (``.npz``).
+
+    The file holds each partial weight's free entries, and every weight of
+    the layers that train whole (those kept with ``train=``), their
+    non-trainable state too (a ``BatchNormalization``'s moving statistics).
 
     Args:
         model: a model with partial layers
@@ -106,10 +278,11 @@ def save_partial_weights(model, path) -> dict:
         What the file holds, ``{"partial": {path: k}, "full": {path: size}}``.
 
     Raises:
-        TypeError: for a ``model`` that is not a built Keras model, or a bad
+        TypeError: for a ``model`` that is not a Keras model, or a bad
             ``path`` type.
-        ValueError: for a ``path`` not ending in ``.npz``, or a model with no
-            partial layer.
+        ValueError: for a ``model`` that is not built, a ``path`` not ending in
+            ``.npz``, a model with no partial layer, or two weights the file
+            would save at one path (named in the message).
 
     >>> from refimpl import save_partial_weights
     >>> import os, tempfile, refimpl
@@ -121,35 +294,42 @@ def save_partial_weights(model, path) -> dict:
     """
     _check_model(model)
     path = _check_path(path, "save_partial_weights")
-    partial = [
-        layer
-        for layer in _compat.sub_layers(model)
-        if isinstance(layer, PartialWeightMixin)
-    ]
+    weights = _weights(model)
+    paths = {id(variable): name for name, variable, _ in weights}
+    partial = [(paths[id(pw.base)], pw) for pw in partial_weights(model)]
     if not partial:
         raise ValueError(
-            "`model` has no partial layer: convert it with `refimpl.partialize` "
-            f"first. Received: model={describe(model.name)}"
+            "`model` has no partial weight: convert it with `refimpl.partialize`, "
+            "or give a layer of your own a `refimpl.PartialVariable`. "
+            f"Received: model={describe(model.name)}"
         )
+    free = {id(pw.owner): pw.free for _, pw in partial}
+    whole = [
+        (name, variable)
+        for name, variable, layer in weights
+        if _trains_whole(variable, layer, model, free)
+    ]
+    _check_unique(weights, {name for name, _ in partial + whole})
     arrays, header = {}, {"format": _FORMAT, "version": _VERSION, "partial": []}
     header["full"] = []
-    for i, layer in enumerate(partial):
-        base = _numpy(layer.partial_weight.base)
-        positions = np.sort(_numpy(layer.partial_weight.positions).astype(np.int64))
-        values = _numpy(getattr(layer, layer._partial_target)).reshape(-1)[positions]
+    for i, (name, pw) in enumerate(partial):
+        base = _numpy(pw.base)
+        positions = np.sort(_numpy(pw.positions).astype(np.int64))
+        composed = np.asarray(keras.ops.convert_to_numpy(pw.value()))
+        values = composed.astype(base.dtype).reshape(-1)[positions]
         first, arrays[f"gaps_{i}"] = _gaps(positions)
-        arrays[f"values_{i}"] = values
+        _store(arrays, header, f"values_{i}", values)
         header["partial"].append(
             {
-                "path": _path(model, layer.partial_weight.base),
+                "path": name,
                 "base": _fingerprint(base),
                 "num_free": len(positions),
                 "first": first,
             }
         )
-    for i, variable in enumerate(fully_trainable(model)):
-        arrays[f"full_{i}"] = _numpy(variable)
-        header["full"].append(_path(model, variable))
+    for i, (name, variable) in enumerate(whole):
+        _store(arrays, header, f"full_{i}", _numpy(variable))
+        header["full"].append(name)
     arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
     with open(path, "wb") as file:
         np.savez(file, **arrays)
@@ -168,15 +348,17 @@ def load_partial_weights(model, path) -> None:
     entries are written into its weights, which then equal the fine-tuned
     model's merged weights) or converted with the same numbers of free
     entries (the positions and free values are set, and training can go on).
+    The weights of the layers that trained whole are set whole.
 
     Returns:
         ``None``; ``model``'s weights change in place.
 
     Raises:
-        TypeError: for a ``model`` that is not a built Keras model.
-        ValueError: for a file that is not one of these, a weight it names that
-            ``model`` does not have, or a base whose shape, dtype or values
-            differ from the one the entries were trained on.
+        TypeError: for a ``model`` that is not a Keras model.
+        ValueError: for a ``model`` that is not built, a file that is not one
+            of these, a weight it names that ``model`` does not have (or has
+            twice), or a base whose shape, dtype or values differ from the one
+            the entries were trained on.
 
     >>> from refimpl import load_partial_weights, save_partial_weights
     >>> import os, tempfile, refimpl
@@ -202,27 +384,18 @@ def load_partial_weights(model, path) -> None:
         raise ValueError(
             f"`path` is not a file of `save_partial_weights`. Received: {path!r}"
         ) from None
-    if version not in (1, 2):
+    if version not in (1, 2, 3):
         raise ValueError(
             f"The file at `path` has format version {version!r}, and this refimpl "
-            f"reads versions 1 and 2: upgrade refimpl. Received: path={path!r}"
+            f"reads versions 1 to 3: upgrade refimpl. Received: path={path!r}"
         )
-    layers = {}
-    for layer in _compat.sub_layers(model):
-        if isinstance(layer, PartialWeightMixin) or is_supported(type(layer)):
-            layers[_path(model, target_weight(layer))] = layer
-    variables = {_path(model, v): v for v in model.weights}
-    missing = [r["path"] for r in header["partial"] if r["path"] not in layers]
-    missing += [p for p in header["full"] if p not in variables]
-    if missing:
-        raise ValueError(
-            f"The file at `path` has weights that `model` does not: {missing[:5]}. "
-            f"Load it onto the model it was trained from. Received: path={path!r}"
-        )
+    names = [r["path"] for r in header["partial"]] + list(header["full"])
+    found = _find(model, names, version, path)
+    bases = {id(pw.base): pw for pw in partial_weights(model)}
     writes = []
     for i, record in enumerate(header["partial"]):
-        layer = layers[record["path"]]
-        base = _numpy(target_weight(layer))
+        variable, _ = found[record["path"]]
+        base = _numpy(variable)
         if _fingerprint(base) != record["base"]:
             raise ValueError(
                 f"The base of {record['path']!r} in `model` (shape {base.shape}, "
@@ -231,23 +404,41 @@ def load_partial_weights(model, path) -> None:
                 f"{record['base']['dtype']}, another checksum): the entries would "
                 f"land on other values. Received: path={path!r}"
             )
-        values = arrays[f"values_{i}"]
+        values = _read(arrays, header, f"values_{i}", base.dtype.name)
         positions = _positions(arrays, record, i, version)
-        num_free = (
-            layer.partial_weight.num_free
-            if isinstance(layer, PartialWeightMixin)
-            else len(positions)
-        )
-        if num_free != len(positions):
+        pw = bases.get(id(variable))  # None: a plain weight takes them merged
+        if pw is not None and pw.num_free != len(positions):
             raise ValueError(
-                f"Layer {layer.name!r} has {num_free} free entries and the "
+                f"{pw.owner.name!r} has {pw.num_free} free entries and the "
                 f"file has {len(positions)} for {record['path']!r}: convert the "
                 "model with the same numbers, or load onto the plain model."
             )
-        writes.append((layer, base, positions, values))
-    for layer, base, positions, values in writes:
-        if isinstance(layer, PartialWeightMixin):
-            pw = layer.partial_weight
+        writes.append((variable, pw, base, positions, values))
+    for i, name in enumerate(header["full"]):
+        variable, _ = found[name]
+        dtype = keras.backend.standardize_dtype(variable.dtype)
+        value = _read(arrays, header, f"full_{i}", dtype)
+        if value.shape != tuple(variable.shape) or value.dtype.name != dtype:
+            raise ValueError(
+                f"The file at `path` has {name!r} of shape {value.shape} and dtype "
+                f"{value.dtype.name}, and `model` of shape {tuple(variable.shape)} "
+                f"and dtype {dtype}: load it onto the model it was trained from. "
+                f"Received: path={path!r}"
+            )
+        if id(variable) in bases:
+            owner = bases[id(variable)].owner
+            raise ValueError(
+                f"The file at `path` has {name!r} trained whole, and `model` holds "
+                f"it as a partial weight ({_where(variable, owner)}): "
+                "load it onto the plain model, or convert the model without that "
+                "weight. "
+                f"Received: path={path!r}"
+            )
+        writes.append((variable, None, None, None, value))
+    for variable, pw, base, positions, values in writes:
+        if positions is None:
+            variable.assign(values)
+        elif pw is not None:
             pw.positions.assign(positions.astype(pw.positions.dtype))
             free = values
             if pw.mode == "select":
@@ -259,6 +450,4 @@ def load_partial_weights(model, path) -> None:
         else:
             merged = base.reshape(-1).copy()
             merged[positions] = values
-            target_weight(layer).assign(merged.reshape(base.shape))
-    for i, name in enumerate(header["full"]):
-        variables[name].assign(arrays[f"full_{i}"])
+            variable.assign(merged.reshape(base.shape))

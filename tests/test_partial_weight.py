@@ -129,3 +129,38 @@ def test_setting_trainable_again_keeps_the_base_and_the_rest_frozen():
     np.testing.assert_array_equal(
         keras.ops.convert_to_numpy(layer.partial_weight.base), base
     )
+
+
+def _trained_own_model():
+    keras.utils.set_random_seed(1)
+    model = _model()
+    model.get_layer("d").trainable = False
+    model.compile(optimizer="adam", loss="mse")
+    x = np.random.default_rng(0).normal(size=(16, 4)).astype("float32")
+    model.fit(x, np.ones((16, 3), "float32"), epochs=2, verbose=0)
+    return model, x
+
+
+def test_the_trained_entries_file_saves_and_loads_a_partial_variable(tmp_path):
+    model, x = _trained_own_model()
+    saved = refimpl.save_partial_weights(model, tmp_path / "own.npz")
+    assert saved["partial"] == {"own/w/base": int(ROWS.sum())}
+    fresh = _model()  # the same base, the free values at their start
+    fresh.get_layer("d").set_weights(model.get_layer("d").get_weights())
+    assert not np.array_equal(fresh.predict(x, verbose=0), model.predict(x, verbose=0))
+    refimpl.load_partial_weights(fresh, tmp_path / "own.npz")
+    np.testing.assert_array_equal(
+        fresh.predict(x, verbose=0), model.predict(x, verbose=0)
+    )
+
+
+def test_drop_and_grow_moves_a_partial_variable_in_a_users_layer():
+    model, x = _trained_own_model()
+    variable = model.get_layer("own").w
+    before = variable.mask
+    [record] = refimpl.callbacks.regrow(
+        model, (x, np.ones((16, 3), "float32")), fraction=0.34
+    )
+    assert record["path"].endswith("w")
+    assert len(record["grown"]) == 1 and variable.num_free == ROWS.sum()
+    assert (variable.mask != before).sum() == 2  # one dropped, one grown

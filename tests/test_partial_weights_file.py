@@ -147,8 +147,8 @@ def test_a_version_1_file_of_int32_positions_still_loads(tmp_path):
     np.testing.assert_array_equal(
         _numpy(plain.predict(X, verbose=0)), _numpy(tuned.predict(X, verbose=0))
     )
-    _rewrite(path, lambda arrays, header: header.update(version=3))
-    with pytest.raises(ValueError, match="format version 3.*upgrade refimpl"):
+    _rewrite(path, lambda arrays, header: header.update(version=4))
+    with pytest.raises(ValueError, match="format version 4.*upgrade refimpl"):
         refimpl.load_partial_weights(_pretrained(), path)
 
 
@@ -176,9 +176,9 @@ def test_bad_arguments_name_themselves(tmp_path):
         refimpl.save_partial_weights(tuned, tmp_path / "tuned.h5")
     with pytest.raises(TypeError, match="`path` must be a file path"):
         refimpl.save_partial_weights(tuned, 3)
-    with pytest.raises(ValueError, match="`model` has no partial layer"):
+    with pytest.raises(ValueError, match="`model` has no partial weight"):
         refimpl.save_partial_weights(_pretrained(), tmp_path / "x.npz")
-    with pytest.raises(TypeError, match="`model` must be a built Keras model"):
+    with pytest.raises(TypeError, match="`model` must be a Keras model"):
         refimpl.load_partial_weights("model", tmp_path / "x.npz")
     np.savez(tmp_path / "other.npz", a=np.zeros(3))
     with pytest.raises(ValueError, match="is not a file of `save_partial_weights`"):
