@@ -52,7 +52,7 @@ import keras
 import numpy as np
 
 from refimpl import _compat, backend
-from refimpl.masks import check_int, describe, input_arrays
+from refimpl.masks import _check_int, _describe, _input_arrays
 from refimpl.partial import partial_weights
 
 __all__ = ["DropAndGrow", "regrow"]
@@ -141,8 +141,8 @@ def regrow(model, data, *, fraction, loss=None, batches=1, batch_size=32, start=
     """
     fraction = _check_fraction(fraction)
     batches, batch_size = (
-        check_int(batches, "batches", minimum=1),
-        check_int(batch_size, "batch_size", minimum=1),
+        _check_int(batches, "batches", minimum=1),
+        _check_int(batch_size, "batch_size", minimum=1),
     )
     x, y = _check_data(data)
     layers = _require_layers(model)
@@ -161,21 +161,21 @@ def regrow(model, data, *, fraction, loss=None, batches=1, batch_size=32, start=
 def _require_layers(model):
     if not isinstance(model, keras.Model):
         raise TypeError(
-            f"`model` must be a built Keras model. Received: model={describe(model)}"
+            f"`model` must be a built Keras model. Received: model={_describe(model)}"
         )
     if not model.built:
         raise ValueError(
             "`model` must be built: drop and grow reads the weights of its "
             "partial layers. Build it first (call it on a batch, or "
             "`model.build(input_shape)`). "
-            f"Received: model={describe(model.name)}, not built"
+            f"Received: model={_describe(model.name)}, not built"
         )
     layers = _partial_layers(model)
     if not layers:
         raise ValueError(
             "`model` has no trainable partial layer to drop and grow entries of: "
             "convert it with `refimpl.partialize` first. "
-            f"Received: model={describe(model.name)}"
+            f"Received: model={_describe(model.name)}"
         )
     return layers
 
@@ -295,14 +295,16 @@ class DropAndGrow(keras.callbacks.Callback):
                  loss=None, stop_after=None, train_after=None):  # fmt: skip
         super().__init__()
         self.data = _check_data(data)
-        self.every = check_int(every, "every", minimum=1)
+        self.every = _check_int(every, "every", minimum=1)
         self.fraction = _check_fraction(fraction)
-        self.batches = check_int(batches, "batches", minimum=1)
-        self.batch_size = check_int(batch_size, "batch_size", minimum=1)
+        self.batches = _check_int(batches, "batches", minimum=1)
+        self.batch_size = _check_int(batch_size, "batch_size", minimum=1)
         if stop_after is not None:
-            stop_after = check_int(stop_after, "stop_after", minimum=1)
+            stop_after = _check_int(stop_after, "stop_after", minimum=1)
         self.train_after = (
-            self.every if train_after is None else check_int(train_after, "train_after")
+            self.every
+            if train_after is None
+            else _check_int(train_after, "train_after")
         )
         self.stop_after, self.loss = stop_after, loss
         self.history, self._seen, self._epoch, self._fitting = [], 0, 0, False
@@ -394,7 +396,7 @@ def _check_fraction(fraction) -> float:
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
         raise TypeError(
             "`fraction` must be a number in (0, 1). "
-            f"Received: fraction={describe(fraction)}"
+            f"Received: fraction={_describe(fraction)}"
         )
     if not 0 < fraction < 1:
         raise ValueError(
@@ -408,9 +410,9 @@ def _check_data(data):
     if not isinstance(data, (tuple, list)) or len(data) != 2:
         raise TypeError(
             "`data` must be a tuple (x, y) of probe inputs and targets, from which "
-            f"the growth score is computed. Received: data={describe(data)}"
+            f"the growth score is computed. Received: data={_describe(data)}"
         )
-    return input_arrays(
+    return _input_arrays(
         *data, "data", "`data` must hold as many rows of x as of y, at least one."
     )
 
@@ -425,7 +427,7 @@ def _loss_of(model, loss):
     if isinstance(loss, (dict, list, tuple)):
         raise ValueError(
             "`loss` must be one loss for the model's output: pass it explicitly "
-            f"for a model with several outputs. Received: loss={describe(loss)}"
+            f"for a model with several outputs. Received: loss={_describe(loss)}"
         )
     return keras.losses.get(loss)
 
@@ -457,7 +459,7 @@ def _check_optimizer(optimizer, variable) -> None:
             "resets for a grown entry: one of "
             f"{', '.join(sorted(_compat.OPTIMIZER_SLOTS))} (Keras' own classes, "
             "or these wrapped in `LossScaleOptimizer` or `MultiOptimizer`). "
-            f"Received: optimizer={describe(inner)}"
+            f"Received: optimizer={_describe(inner)}"
         )
     _compat.check_optimizer_slots()  # once: this Keras keeps the state we reset
 

@@ -18,7 +18,7 @@ import numpy as np
 from keras import ops
 
 from refimpl import _compat
-from refimpl.masks import as_array, describe, mask_shape, normalize_shape, to_mask
+from refimpl.masks import _as_array, _describe, _mask_shape, _normalize_shape, to_mask
 
 __all__ = ["FreezeEntries"]
 
@@ -76,12 +76,12 @@ class FreezeEntries(keras.constraints.Constraint, _compat.KerasSaveable):
         if values_array.ndim > 0:
             shape = values_array.shape
         else:
-            shape = mask_shape(mask)
+            shape = _mask_shape(mask)
             if shape is None:
                 raise ValueError(
                     "`mask` must be a boolean mask of the variable's shape when "
                     "`values` is a scalar (an index list does not say the "
-                    f"shape). Received: mask={describe(mask)}"
+                    f"shape). Received: mask={_describe(mask)}"
                 )
         self._mask = to_mask(mask, shape, name="mask")
         self._values = values_array
@@ -147,7 +147,7 @@ class FreezeEntries(keras.constraints.Constraint, _compat.KerasSaveable):
         Returns:
             A ``FreezeEntries`` that is usable once the layer's weights load.
         """
-        shape = normalize_shape(tuple(config["shape"]), name="shape")
+        shape = _normalize_shape(tuple(config["shape"]), name="shape")
         shell = cls.__new__(cls)
         shell._mask = np.zeros(shape, bool)
         shell._values = np.full((), _compat.SHELL_FLOAT, np.float32)  # the mark
@@ -178,4 +178,4 @@ class FreezeEntries(keras.constraints.Constraint, _compat.KerasSaveable):
 
 def _values(values, name: str = "values") -> np.ndarray:
     what = "a number or a rectangular numeric array"
-    return as_array(values, name, kind="numeric", what=what)
+    return _as_array(values, name, kind="numeric", what=what)

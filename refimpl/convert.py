@@ -28,18 +28,18 @@ import numpy as np
 from refimpl import _compat
 from refimpl.layers.partial import (
     PartialWeightMixin,
-    check_layout,
+    _check_layout,
+    _is_container,
+    _is_supported,
+    _mark_hosts,
+    _supported_names,
+    _target_weight,
+    _unmark_hosts,
+    _weight_names,
     enable_partial,
-    is_container,
-    is_supported,
-    mark_hosts,
-    supported_names,
-    target_weight,
-    unmark_hosts,
-    weight_names,
 )
-from refimpl.masks import describe, to_mask, variable_path
-from refimpl.ops import LAYER_MODES, check_mode
+from refimpl.masks import _describe, _variable_path, to_mask
+from refimpl.ops import _LAYER_MODES, _check_mode
 from refimpl.partial import partial_weights
 
 __all__ = ["merge", "partialize", "trainable_summary"]
@@ -136,26 +136,26 @@ def partialize(
     if not isinstance(layer_masks, dict):
         raise TypeError(
             "`layer_masks` must be a dict from a layer name or weight path to a mask "
-            f"or a policy. Received: layer_masks={describe(layer_masks)}"
+            f"or a policy. Received: layer_masks={_describe(layer_masks)}"
         )
     if not isinstance(in_place, bool):
         raise TypeError(
-            f"`in_place` must be True or False. Received: {describe(in_place)}"
+            f"`in_place` must be True or False. Received: {_describe(in_place)}"
         )
-    check_mode(mode, allowed=LAYER_MODES)
-    train = check_train(train)
+    _check_mode(mode, allowed=_LAYER_MODES)
+    train = _check_train(train)
     keep = (
         []
         if train == "all"
-        else [layer for _, layer in match_keys(model, train, "train")]
+        else [layer for _, layer in _match_keys(model, train, "train")]
     )
     # Every mask is computed and checked before anything is converted.
     chosen = [
-        (layer, weight, policy_mask(layer, mask, f"layer_masks[{key!r}]", weight))
-        for key, layer, weight, mask in resolve(model, layer_masks)
+        (layer, weight, _policy_mask(layer, mask, f"layer_masks[{key!r}]", weight))
+        for key, layer, weight, mask in _resolve(model, layer_masks)
     ]
     for layer, weight, mask in chosen:
-        check_layout(layer, target_weight(layer, weight), mask, mode, weight)
+        _check_layout(layer, _target_weight(layer, weight), mask, mode, weight)
     target = model if in_place else _copy(model, "partialize")
     if target is not model:
         # The copy has the same layers in the same order, at every depth.
@@ -167,7 +167,7 @@ def partialize(
         enable_partial(layer, mask, mode=mode, weight=weight)
     if train != "all":
         _freeze_others(target, keep)
-    mark_hosts(target)
+    _mark_hosts(target)
     if summary:
         trainable_summary(target, print_fn=print)
     _uncompile(target)
@@ -191,7 +191,7 @@ def _uncompile(model) -> None:
 def _check_model(model, what: str, *, allow_subclassed: bool = False) -> None:
     if not isinstance(model, keras.Model):
         raise TypeError(
-            f"`model` must be a Keras model. Received: model={describe(model)}"
+            f"`model` must be a Keras model. Received: model={_describe(model)}"
         )
     if (
         not allow_subclassed
@@ -210,7 +210,7 @@ def _check_model(model, what: str, *, allow_subclassed: bool = False) -> None:
         )
     if not model.built:
         raise ValueError(
-            f"`model` must be built. Received: model={describe(model.name)}"
+            f"`model` must be built. Received: model={_describe(model.name)}"
         )
 
 
@@ -264,7 +264,7 @@ def merge(model, *, in_place: bool = False):
     _check_model(model, "merge", allow_subclassed=in_place)
     if not isinstance(in_place, bool):
         raise TypeError(
-            f"`in_place` must be True or False. Received: {describe(in_place)}"
+            f"`in_place` must be True or False. Received: {_describe(in_place)}"
         )
     own = [
         pw.owner
@@ -273,7 +273,7 @@ def merge(model, *, in_place: bool = False):
     ]
     if own:  # refused before any change, as every refusal here
         raise ValueError(
-            f"`model` holds a PartialVariable, {where(own[0])}, in a layer of "
+            f"`model` holds a PartialVariable, {_where(own[0])}, in a layer of "
             "your own: merge folds partial layers into Keras' own classes, and "
             "your layer's code reads the PartialVariable. Read its trained "
             "tensor with `.value()` and give it to a plain weight of your "
@@ -286,14 +286,14 @@ def merge(model, *, in_place: bool = False):
         if hasattr(layer, "to_dense") and not isinstance(layer, PartialWeightMixin)
     ]
     top = {id(layer) for layer in getattr(model, "layers", ())}
-    if in_place or not is_container(model):
+    if in_place or not _is_container(model):
         # Only a functional or Sequential model's own layers can be replaced.
         top = set()
     top &= {id(layer) for layer in structured}
     misplaced = [layer for layer in structured if id(layer) not in top]
     if misplaced:
         raise ValueError(
-            f"`model` holds {', '.join(where(layer) for layer in misplaced)} "
+            f"`model` holds {', '.join(_where(layer) for layer in misplaced)} "
             f"({type(misplaced[0]).__name__}), whose weights are not a Keras "
             "layer's own: merge replaces such a layer only among the layers of "
             "a functional or Sequential model, and not with `in_place=True`. "
@@ -301,7 +301,7 @@ def merge(model, *, in_place: bool = False):
         )
     if in_place:
         merged = model
-    elif is_container(model):
+    elif _is_container(model):
         merged = _clone(
             model,
             replace=lambda layer: layer.to_dense if id(layer) in top else None,
@@ -312,7 +312,7 @@ def merge(model, *, in_place: bool = False):
         if isinstance(layer, PartialWeightMixin):
             layer._fold()
     gc.collect()  # once, for the variables every fold removed
-    unmark_hosts(merged)
+    _unmark_hosts(merged)
     _uncompile(merged)
     left = [
         layer
@@ -322,14 +322,14 @@ def merge(model, *, in_place: bool = False):
     if left:
         raise ValueError(
             "`model` holds refimpl layers that have no plain Keras form: "
-            f"{[f'{where(layer)} ({type(layer).__name__})' for layer in left]}"
+            f"{[f'{_where(layer)} ({type(layer).__name__})' for layer in left]}"
         )
     return merged
 
 
 def _copy(model, what: str):
     """A copy of ``model`` with copies of its weights, rebuilt from its config."""
-    if is_container(model):
+    if _is_container(model):
         return _clone(model)
     try:
         config = keras.saving.serialize_keras_object(model)
@@ -369,7 +369,7 @@ def _clone(model, replace=lambda layer: None):
 
 
 # -- what trains: the rest frozen, and a summary of it -------------------------
-def check_train(train) -> tuple | str:
+def _check_train(train) -> tuple | str:
     """The ``train`` argument of
     :func:`refimpl.partialize <refimpl.convert.partialize>`, checked."""
     if train is None:
@@ -383,7 +383,7 @@ def check_train(train) -> tuple | str:
     ):
         raise TypeError(
             "`train` must be a list of layer names or paths that stay trainable, "
-            f"or 'all'. Received: train={describe(train)}"
+            f"or 'all'. Received: train={_describe(train)}"
         )
     return tuple(train)
 
@@ -413,7 +413,7 @@ def _freeze_others(model, keep: list) -> None:
             layer.trainable = False
 
 
-def fully_trainable(model) -> list:
+def _fully_trainable(model) -> list:
     """The weights of ``model`` that train whole: every trainable weight but
     the free values of its partial layers."""
     free = {id(pw.free) for pw in partial_weights(model)}
@@ -444,22 +444,22 @@ def trainable_summary(model, *, print_fn=None) -> list[dict]:
     if print_fn is not None and not callable(print_fn):
         raise TypeError(
             "`print_fn` must be callable, such as print. "
-            f"Received: print_fn={describe(print_fn)}"
+            f"Received: print_fn={_describe(print_fn)}"
         )
     rows = []
     for pw in partial_weights(model):
         if pw.free.trainable:
             rows.append(
                 {
-                    "path": variable_path(pw.base),
+                    "path": _variable_path(pw.base),
                     "kind": "partial",
                     "trainable": pw.num_free,
                     "size": int(np.prod(pw.shape)),
                 }
             )
-    for variable in fully_trainable(model):
+    for variable in _fully_trainable(model):
         size = int(np.prod(variable.shape))
-        path = variable_path(variable)
+        path = _variable_path(variable)
         rows.append({"path": path, "kind": "full", "trainable": size, "size": size})
     if print_fn is not None:
         width = max([len(row["path"]) for row in rows] + [6])
@@ -490,7 +490,7 @@ def trainable_summary(model, *, print_fn=None) -> list[dict]:
 # weight of a layer with two (``"lstm/recurrent_kernel"``).
 
 
-def resolve(model, masks):
+def _resolve(model, masks):
     """The (layer, mask) pairs that ``masks`` names, each layer checked."""
     layers = _compat.sub_layers(model)
     seen: set = set()
@@ -500,31 +500,31 @@ def resolve(model, masks):
                 "`layer_masks` keys must be layer names or weight paths. "
                 f"Received: {key!r}"
             )
-        found = [layer for _, layer in match_keys(model, [key], "layer_masks", layers)]
+        found = [layer for _, layer in _match_keys(model, [key], "layer_masks", layers)]
         found = list(
-            {id(x): x for layer in found for x in weight_layers(layer)}.values()
+            {id(x): x for layer in found for x in _weight_layers(layer)}.values()
         )
         for layer in found:
             if id(layer) in seen:
                 raise ValueError(
-                    f"`layer_masks[{key!r}]` names layer {where(layer)}, which "
+                    f"`layer_masks[{key!r}]` names layer {_where(layer)}, which "
                     "another key names too: give each layer one mask"
                 )
             seen.add(id(layer))
             if isinstance(layer, PartialWeightMixin):
                 raise ValueError(
-                    f"`layer_masks[{key!r}]` names layer {where(layer)}, which "
+                    f"`layer_masks[{key!r}]` names layer {_where(layer)}, which "
                     "is already partially trainable"
                 )
             _check_plain(key, layer)
-            if not is_supported(type(layer)):
+            if not _is_supported(type(layer)):
                 raise TypeError(
-                    f"`layer_masks[{key!r}]` names layer {where(layer)} "
+                    f"`layer_masks[{key!r}]` names layer {_where(layer)} "
                     "of type "
                     f"{type(layer).__name__}, which partialize cannot convert; it "
-                    f"converts {supported_names()}"
+                    f"converts {_supported_names()}"
                 )
-            yield key, layer, weight_of(layer, key), mask
+            yield key, layer, _weight_of(layer, key), mask
 
 
 def _check_plain(key, layer) -> None:
@@ -539,17 +539,17 @@ def _check_plain(key, layer) -> None:
     else:
         return
     raise ValueError(
-        f"`layer_masks[{key!r}]` names layer {where(layer)} of type "
+        f"`layer_masks[{key!r}]` names layer {_where(layer)} of type "
         f"{type(layer).__name__}, which uses {what}: a partial weight does not "
         f"combine with it. {todo}"
     )
 
 
-def match_keys(model, keys, name: str, layers=None):
+def _match_keys(model, keys, name: str, layers=None):
     """The (key, layer) pairs that each key names; a key that names none raises."""
     layers = _compat.sub_layers(model) if layers is None else layers
     for key in keys:
-        found = [layer for layer in layers if names(layer, key)]
+        found = [layer for layer in layers if _names(layer, key)]
         if not found:
             raise ValueError(
                 f"`{name}[{key!r}]` names no layer or weight of the model. Its "
@@ -558,44 +558,44 @@ def match_keys(model, keys, name: str, layers=None):
         yield from ((key, layer) for layer in found)
 
 
-def where(layer) -> str:
+def _where(layer) -> str:
     return repr(layer.path or layer.name)
 
 
-def names(layer, key: str) -> bool:
+def _names(layer, key: str) -> bool:
     path = layer.path or layer.name
     if layer.name == key or path == key or path.endswith("/" + key):
         return True
-    return weight_of(layer, key) is not None
+    return _weight_of(layer, key) is not None
 
 
-def weight_layers(layer) -> list:
+def _weight_layers(layer) -> list:
     """The layers that hold the weights a key naming ``layer`` means: an RNN's
     cell, both directions of a ``Bidirectional``, the layer a wrapper
     (``TimeDistributed``, any ``keras.layers.Wrapper``) wraps; else ``layer``
     itself."""
     if isinstance(layer, keras.layers.Bidirectional):
         return [
-            *weight_layers(layer.forward_layer),
-            *weight_layers(layer.backward_layer),
+            *_weight_layers(layer.forward_layer),
+            *_weight_layers(layer.backward_layer),
         ]
-    if isinstance(layer, keras.layers.Wrapper) and not is_supported(type(layer)):
-        return weight_layers(layer.layer)
-    if isinstance(layer, keras.layers.RNN) and is_supported(type(layer.cell)):
+    if isinstance(layer, keras.layers.Wrapper) and not _is_supported(type(layer)):
+        return _weight_layers(layer.layer)
+    if isinstance(layer, keras.layers.RNN) and _is_supported(type(layer.cell)):
         return [layer.cell]
     return [layer]
 
 
-def weight_of(layer, key: str) -> str | None:
+def _weight_of(layer, key: str) -> str | None:
     """The weight of ``layer`` that ``key`` names by its path, if any.
 
     An RNN cell's weights are also named through the RNN layer
     (``"lstm/recurrent_kernel"`` for ``"lstm/lstm_cell/recurrent_kernel"``).
     """
-    if not is_supported(type(layer)):
+    if not _is_supported(type(layer)):
         return None
-    for weight in weight_names(layer):
-        path = target_weight(layer, weight).path
+    for weight in _weight_names(layer):
+        path = _target_weight(layer, weight).path
         short = None
         if hasattr(layer, "state_size") and "/" in (layer.path or ""):  # a cell
             parent = (layer.path or "").rsplit("/", 1)[0]
@@ -606,8 +606,8 @@ def weight_of(layer, key: str) -> str | None:
     return None
 
 
-def policy_mask(layer, mask, name: str, weight: str | None = None) -> np.ndarray:
-    weight = target_weight(layer, weight)
+def _policy_mask(layer, mask, name: str, weight: str | None = None) -> np.ndarray:
+    weight = _target_weight(layer, weight)
     if callable(mask):
         mask = mask(np.array(keras.ops.convert_to_numpy(weight)))
     return to_mask(mask, tuple(weight.shape), name=name)

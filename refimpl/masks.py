@@ -39,11 +39,11 @@ Masks are static: they fix the *structure* of a model, so they are plain NumPy
 values, known when the graph is traced.
 
 This module also holds refimpl's argument checks, one validator each, so
-every error message about a user's argument reads alike: :func:`describe`
-shows a received value without printing an array, :func:`check_int` checks
-an integer argument, :func:`normalize_shape` a shape, and the
+every error message about a user's argument reads alike: :func:`_describe`
+shows a received value without printing an array, :func:`_check_int` checks
+an integer argument, :func:`_normalize_shape` a shape, and the
 ``(variable, mask)`` pairs of every ``masks=`` argument are matched to the
-variables being trained by :func:`pair_masks`.
+variables being trained by :func:`_pair_masks`.
 """
 
 from __future__ import annotations
@@ -64,10 +64,10 @@ __all__ = [
 
 def _as_numpy(value, name: str) -> np.ndarray:
     what = "a rectangular boolean mask or an integer index list of shape [k, rank]"
-    return as_array(value, name, what=what)
+    return _as_array(value, name, what=what)
 
 
-def as_array(
+def _as_array(
     value, name: str, *, kind: str = "any", what: str = "an array"
 ) -> np.ndarray:
     """The one conversion of an array-like argument to NumPy, with a clear error.
@@ -80,15 +80,15 @@ def as_array(
     Returns:
         A NumPy ``ndarray`` of ``value``'s values.
 
-    >>> from refimpl.masks import as_array
-    >>> as_array([1.0, 2.0], "x", kind="floating")
+    >>> from refimpl.masks import _as_array
+    >>> _as_array([1.0, 2.0], "x", kind="floating")
     array([1., 2.])
     """
     if isinstance(value, keras.Variable) or keras.ops.is_tensor(value):
         if backend.is_symbolic(value):
             raise TypeError(
                 f"`{name}` must be static (a NumPy array, a list, or an eager "
-                f"tensor). Received a symbolic tensor: {name}={describe(value)}"
+                f"tensor). Received a symbolic tensor: {name}={_describe(value)}"
             )
         value = keras.ops.convert_to_numpy(value)  # any backend, any device
     elif backend.is_variable(value):
@@ -97,7 +97,7 @@ def as_array(
         array = np.asarray(value)
     except (TypeError, ValueError) as err:
         raise TypeError(
-            f"`{name}` must be {what}. Received: {name}={describe(value)}"
+            f"`{name}` must be {what}. Received: {name}={_describe(value)}"
         ) from err
     bad = array.dtype == object or array.dtype.itemsize == 0
     if kind == "numeric":
@@ -108,7 +108,7 @@ def as_array(
     if bad:
         raise TypeError(
             f"`{name}` must be {what}. Received dtype {array.dtype}: "
-            f"{name}={describe(value)}"
+            f"{name}={_describe(value)}"
         )
     return array
 
@@ -136,7 +136,7 @@ def indices_to_mask(indices, shape, *, name: str = "indices") -> np.ndarray:
            [0, 0, 0],
            [0, 0, 1]])
     """
-    shape = normalize_shape(shape)
+    shape = _normalize_shape(shape)
     array = _as_numpy(indices, name)
     rank = len(shape)
     if array.size == 0:
@@ -144,13 +144,13 @@ def indices_to_mask(indices, shape, *, name: str = "indices") -> np.ndarray:
     if not np.issubdtype(array.dtype, np.integer):
         raise TypeError(
             f"`{name}` must hold integers. Received dtype {array.dtype}: "
-            f"{name}={describe(array)}"
+            f"{name}={_describe(array)}"
         )
     if array.ndim != 2 or array.shape[1] != rank:
         raise ValueError(
             f"`{name}` must have shape [k, {rank}] (one row of {rank} "
             f"coordinate(s) per position, for a tensor of shape {shape}). "
-            f"Received shape {tuple(array.shape)}: {name}={describe(array)}"
+            f"Received shape {tuple(array.shape)}: {name}={_describe(array)}"
         )
     if (array < 0).any():
         bad = array[(array < 0).any(axis=1)][0]
@@ -173,7 +173,7 @@ def indices_to_mask(indices, shape, *, name: str = "indices") -> np.ndarray:
         raise ValueError(
             f"`{name}` names the position {[int(i) for i in dup]} more than "
             f"once; duplicated indices would be summed by scatter operations. "
-            f"Received: {name}={describe(array)}"
+            f"Received: {name}={_describe(array)}"
         )
     mask.reshape(-1)[flat] = True
     return mask
@@ -209,7 +209,7 @@ def to_mask(
     >>> to_mask([[1]], (3,))  # an index list: position 1
     array([False,  True, False])
     """
-    shape = normalize_shape(shape)
+    shape = _normalize_shape(shape)
     array = _as_numpy(mask, name)
     if array.dtype == bool:
         _check_shape(array, shape, name)
@@ -228,7 +228,7 @@ def to_mask(
                 f"[k, {len(shape)}], so this one is ambiguous; pass a boolean "
                 f"mask (for example `{name}.astype(bool)`), or call "
                 f"`refimpl.masks.indices_to_mask` for indices. "
-                f"Received: {name}={describe(array)}"
+                f"Received: {name}={_describe(array)}"
             )
         return indices_to_mask(array, shape, name=name)
     if np.issubdtype(array.dtype, np.floating):
@@ -237,12 +237,12 @@ def to_mask(
             bad = array[~np.isin(array, (0.0, 1.0))].ravel()[0]
             raise ValueError(
                 f"`{name}` is a floating-point mask, so it may only hold 0.0 "
-                f"and 1.0. Received the value {bad!r} in {name}={describe(array)}"
+                f"and 1.0. Received the value {bad!r} in {name}={_describe(array)}"
             )
         return array == 1.0
     raise TypeError(
         f"`{name}` must be a boolean mask or an integer index list. "
-        f"Received dtype {array.dtype}: {name}={describe(array)}"
+        f"Received dtype {array.dtype}: {name}={_describe(array)}"
     )
 
 
@@ -262,33 +262,33 @@ def mask_to_indices(mask) -> np.ndarray:
     if array.dtype != bool:
         raise TypeError(
             f"`mask` must be boolean. Received dtype {array.dtype}: "
-            f"mask={describe(array)}"
+            f"mask={_describe(array)}"
         )
     return np.argwhere(array).astype(np.int64)
 
 
-def mask_constant(mask):
+def _mask_constant(mask):
     """Return a validated boolean NumPy mask as a boolean backend tensor, fast.
 
     (On TensorFlow, ``tf.constant`` of a large boolean array is slow: seconds
     for a 4096 x 4096 mask inside ``tf.function``; see
     ``refimpl.backend.bool_constant``, which this calls.)
 
-    >>> from refimpl.masks import mask_constant
-    >>> keras.ops.convert_to_numpy(mask_constant(np.array([True, False])))
+    >>> from refimpl.masks import _mask_constant
+    >>> keras.ops.convert_to_numpy(_mask_constant(np.array([True, False])))
     array([ True, False])
     """
     return backend.bool_constant(mask)
 
 
-def mask_shape(mask, *, name: str = "mask") -> tuple[int, ...] | None:
+def _mask_shape(mask, *, name: str = "mask") -> tuple[int, ...] | None:
     """The shape of a boolean or floating-point mask; ``None`` for an index list.
 
     An index list does not say the shape of the tensor it points into, so a
     caller that needs the shape asks for it when this returns ``None``.
 
-    >>> from refimpl.masks import mask_shape
-    >>> mask_shape([[True, False]]), mask_shape([[0, 1]])
+    >>> from refimpl.masks import _mask_shape
+    >>> _mask_shape([[True, False]]), _mask_shape([[0, 1]])
     ((1, 2), None)
     """
     array = _as_numpy(mask, name)
@@ -303,12 +303,12 @@ def _check_shape(array: np.ndarray, shape: tuple[int, ...], name: str) -> None:
     if array.shape != shape:
         raise ValueError(
             f"`{name}` must have the tensor's shape {shape}. Received a mask "
-            f"of shape {tuple(array.shape)}: {name}={describe(array)}"
+            f"of shape {tuple(array.shape)}: {name}={_describe(array)}"
         )
 
 
 # -- argument checks ---------------------------------------------------------
-def check_int(
+def _check_int(
     value, name: str, *, minimum: int | None = 0, maximum: int | None = None
 ) -> int:
     """Return ``value`` as a Python int in ``[minimum, maximum]``, or raise.
@@ -319,12 +319,12 @@ def check_int(
         TypeError: if ``value`` is not an integer.
         ValueError: if it is out of range.
 
-    >>> from refimpl.masks import check_int
-    >>> check_int(3, "every", minimum=1)
+    >>> from refimpl.masks import _check_int
+    >>> _check_int(3, "every", minimum=1)
     3
     """
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"`{name}` must be an int. Received: {name}={describe(value)}")
+        raise TypeError(f"`{name}` must be an int. Received: {name}={_describe(value)}")
     value = int(value)
     low = minimum is not None and value < minimum
     if low or (maximum is not None and value > maximum):
@@ -336,7 +336,7 @@ def check_int(
     return value
 
 
-def normalize_shape(shape, *, name: str = "shape") -> tuple[int, ...]:
+def _normalize_shape(shape, *, name: str = "shape") -> tuple[int, ...]:
     """Return ``shape`` as a tuple of non-negative Python ints.
 
     Args:
@@ -351,7 +351,7 @@ def normalize_shape(shape, *, name: str = "shape") -> tuple[int, ...]:
         TypeError: if ``shape`` is not a sequence of integers.
         ValueError: if a dimension is unknown or negative.
 
-    >>> normalize_shape([2, np.int64(3)])
+    >>> _normalize_shape([2, np.int64(3)])
     (2, 3)
     """
     if type(shape).__name__ == "TensorShape":  # tf.TensorShape, without tf
@@ -365,7 +365,7 @@ def normalize_shape(shape, *, name: str = "shape") -> tuple[int, ...]:
         shape = (shape,)
     if not isinstance(shape, Sequence) and not isinstance(shape, np.ndarray):
         raise TypeError(
-            f"`{name}` must be a tuple of ints. Received: {name}={describe(shape)}"
+            f"`{name}` must be a tuple of ints. Received: {name}={_describe(shape)}"
         )
     dims = []
     for d in shape:
@@ -376,7 +376,7 @@ def normalize_shape(shape, *, name: str = "shape") -> tuple[int, ...]:
             )
         if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
             raise TypeError(
-                f"`{name}` must be a tuple of ints. Received: {name}={describe(shape)}"
+                f"`{name}` must be a tuple of ints. Received: {name}={_describe(shape)}"
             )
         if d < 0:
             raise ValueError(
@@ -387,19 +387,19 @@ def normalize_shape(shape, *, name: str = "shape") -> tuple[int, ...]:
     return tuple(dims)
 
 
-def variable_path(variable) -> str:
+def _variable_path(variable) -> str:
     """A variable's path (``"dense/kernel"``), the one name refimpl shows for it."""
     return str(getattr(variable, "path", None) or variable.name).removesuffix(":0")
 
 
-def describe(value) -> str:
+def _describe(value) -> str:
     """What an error message shows of a received value: never a whole array.
 
     A scalar, a string or a container of at most six scalars is shown as its
     ``repr`` (cut at 80 characters); anything larger as its type, shape and
     dtype, such as ``ndarray of shape (64, 64) and dtype float64``.
 
-    >>> describe(3), describe([1, 2]), describe(np.zeros((64, 64)))
+    >>> _describe(3), _describe([1, 2]), _describe(np.zeros((64, 64)))
     ('3', '[1, 2]', 'ndarray of shape (64, 64) and dtype float64')
     """
     if value is None or isinstance(value, (bool, int, float, str, np.generic)):
@@ -433,7 +433,7 @@ def describe(value) -> str:
     return text
 
 
-def input_arrays(x, y, name: str, rows_error: str):
+def _input_arrays(x, y, name: str, rows_error: str):
     """A model's inputs and targets as NumPy arrays, with as many rows each.
 
     ``x`` is an array, or a dict or list of arrays (a model with several
@@ -450,7 +450,7 @@ def input_arrays(x, y, name: str, rows_error: str):
         except (TypeError, ValueError) as e:
             raise TypeError(
                 f"`{name}` must hold an array, or a dict or list of arrays. "
-                f"Received: {name}={describe(x)}"
+                f"Received: {name}={_describe(x)}"
             ) from e
     y = np.asarray(y)
     rows = {len(part) for part in keras.tree.flatten(x)}
@@ -462,7 +462,7 @@ def input_arrays(x, y, name: str, rows_error: str):
 
 
 # -- (variable, mask) pairs -------------------------------------------------
-def to_update_scale(mask, shape, *, name: str = "mask") -> np.ndarray:
+def _to_update_scale(mask, shape, *, name: str = "mask") -> np.ndarray:
     """Validate a mask that may also scale updates; return it as float32.
 
     Booleans, index lists and 0.0/1.0 arrays are read as by :func:`to_mask`
@@ -473,10 +473,10 @@ def to_update_scale(mask, shape, *, name: str = "mask") -> np.ndarray:
     Raises:
         ValueError: for a wrong shape, or a value outside [0, 1] (NaN included).
 
-    >>> to_update_scale([1.0, 0.5, 0.0], (3,))
+    >>> _to_update_scale([1.0, 0.5, 0.0], (3,))
     array([1. , 0.5, 0. ], dtype=float32)
     """
-    shape = normalize_shape(shape)
+    shape = _normalize_shape(shape)
     array = _as_numpy(mask, name)
     if not np.issubdtype(array.dtype, np.floating):
         return to_mask(array, shape, name=name).astype(np.float32)
@@ -486,12 +486,12 @@ def to_update_scale(mask, shape, *, name: str = "mask") -> np.ndarray:
         raise ValueError(
             f"`{name}` is a floating-point mask, so every value must lie in "
             f"[0, 1] (the fraction of each entry's update). Received the value "
-            f"{array[bad].ravel()[0]!r} in {name}={describe(array)}"
+            f"{array[bad].ravel()[0]!r} in {name}={_describe(array)}"
         )
     return array.astype(np.float32)
 
 
-def pair_masks(masks, variables, *, name: str = "masks", scales: bool = False):
+def _pair_masks(masks, variables, *, name: str = "masks", scales: bool = False):
     """Match a list of ``(variable, mask)`` pairs to ``variables``.
 
     This is the one structure every ``masks=`` argument of the package takes:
@@ -504,7 +504,7 @@ def pair_masks(masks, variables, *, name: str = "masks", scales: bool = False):
         variables: the variables, in the order the result follows.
         name: the argument's name, used in error messages.
         scales: accept floating-point masks with values in [0, 1]
-            (:func:`to_update_scale`); the results are then float32 arrays.
+            (:func:`_to_update_scale`); the results are then float32 arrays.
 
     Returns:
         A list as long as ``variables``: for each, its validated mask (a
@@ -516,7 +516,7 @@ def pair_masks(masks, variables, *, name: str = "masks", scales: bool = False):
         ValueError: for a variable that is not among ``variables``, a variable
             named twice, or a mask that does not fit.
     """
-    pairs = check_pairs(masks, name=name)
+    pairs = _check_pairs(masks, name=name)
     position = {id(v): i for i, v in enumerate(variables)}
     out: list = [None] * len(variables)
     for i, (variable, mask) in enumerate(pairs):
@@ -524,26 +524,26 @@ def pair_masks(masks, variables, *, name: str = "masks", scales: bool = False):
         if index is None:
             raise ValueError(
                 f"`{name}[{i}]` names a variable that is not among the "
-                f"variables being trained. Received: {variable_path(variable)!r}; "
-                f"expected one of {[variable_path(v) for v in variables][:8]}"
+                f"variables being trained. Received: {_variable_path(variable)!r}; "
+                f"expected one of {[_variable_path(v) for v in variables][:8]}"
             )
         if out[index] is not None:
             raise ValueError(
-                f"`{name}[{i}]` gives a second mask for {variable_path(variable)!r}; "
+                f"`{name}[{i}]` gives a second mask for {_variable_path(variable)!r}; "
                 "give each variable one mask"
             )
-        shape = normalize_shape(tuple(variable.shape), name=f"{name}[{i}] shape")
-        convert = to_update_scale if scales else to_mask
+        shape = _normalize_shape(tuple(variable.shape), name=f"{name}[{i}] shape")
+        convert = _to_update_scale if scales else to_mask
         out[index] = convert(mask, shape, name=f"{name}[{i}]")
     return out
 
 
-def check_pairs(masks, *, name: str = "masks") -> list[tuple]:
+def _check_pairs(masks, *, name: str = "masks") -> list[tuple]:
     """Check that ``masks`` is a list of ``(variable, mask)`` pairs; return it."""
-    return variable_pairs(masks, name=name, slot=0, kind="(variable, mask)")
+    return _variable_pairs(masks, name=name, slot=0, kind="(variable, mask)")
 
 
-def variable_pairs(items, *, name: str, slot: int, kind: str) -> list[tuple]:
+def _variable_pairs(items, *, name: str, slot: int, kind: str) -> list[tuple]:
     """Check a list of pairs holding a variable at index ``slot``; return it.
 
     The one check of ``masks`` (``(variable, mask)``) and ``grads_and_vars``
@@ -552,14 +552,14 @@ def variable_pairs(items, *, name: str, slot: int, kind: str) -> list[tuple]:
     if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
         raise TypeError(
             f"`{name}` must be a list of {kind} pairs. Received: "
-            f"{name}={describe(items)}"
+            f"{name}={_describe(items)}"
         )
     pairs = []
     for i, pair in enumerate(items):
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
             raise TypeError(
                 f"`{name}[{i}]` must be a {kind} pair. Received: "
-                f"{name}[{i}]={describe(pair)}"
+                f"{name}[{i}]={_describe(pair)}"
             )
         if not backend.is_variable(pair[slot]):
             where = "start" if slot == 0 else "end"

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 
 from refimpl import backend
-from refimpl.masks import describe, normalize_shape, to_mask
+from refimpl.masks import _describe, _normalize_shape, to_mask
 
 __all__ = [
     "SELECT_ABOVE_DENSITY",
@@ -49,22 +49,22 @@ SPARSE_BELOW_DENSITY = 0.005
 SPARSE_BELOW_DENSITY_XLA = 0.003
 
 #: The forms of a partial weight, and ``"auto"``, which picks one.
-MODES = ("delta", "sparse", "select", "auto")
+_MODES = ("delta", "sparse", "select", "auto")
 
-#: The forms of a partial layer's weight, those of :data:`MODES` and
+#: The forms of a partial layer's weight, those of :data:`_MODES` and
 #: ``"slices"`` (see :ref:`the forms <api-forms>`).
-LAYER_MODES = ("delta", "sparse", "select", "slices", "auto")
+_LAYER_MODES = ("delta", "sparse", "select", "slices", "auto")
 
 
-def check_mode(mode, *, allowed=MODES, name: str = "mode") -> str:
+def _check_mode(mode, *, allowed=_MODES, name: str = "mode") -> str:
     """Return ``mode`` if it is one of ``allowed``; raise a clear error otherwise."""
     if not isinstance(mode, str):
         raise TypeError(
-            f"`{name}` must be one of {allowed}. Received: {name}={describe(mode)}"
+            f"`{name}` must be one of {allowed}. Received: {name}={_describe(mode)}"
         )
     if mode not in allowed:
         raise ValueError(
-            f"`{name}` must be one of {allowed}. Received: {name}={describe(mode)}"
+            f"`{name}` must be one of {allowed}. Received: {name}={_describe(mode)}"
         )
     return mode
 
@@ -106,21 +106,21 @@ def compose(base, positions, free, *, mode: str = "delta", mask=None):
     array([[1., 2.],
            [3., 0.]], dtype=float32)
     """
-    check_mode(mode, allowed=("delta", "select"))
+    _check_mode(mode, allowed=("delta", "select"))
     base = keras.ops.convert_to_tensor(base)
     shape = tuple(base.shape)
     if not (keras.ops.is_tensor(positions) or backend.is_variable(positions)):
         # The dtype it came with: JAX without x64 would turn float64 into float32.
         given = getattr(free, "dtype", None)
         free = keras.ops.convert_to_tensor(free)
-        positions = flat_positions(positions, shape, name="positions")
+        positions = _flat_positions(positions, shape, name="positions")
         expected = (len(positions),) if mode == "delta" else shape
         if tuple(keras.ops.shape(free)) != expected:
             raise ValueError(
                 f'With mode="{mode}", `free` must have shape {expected}. '
                 f"Received: free.shape={tuple(keras.ops.shape(free))}"
             )
-        positions = keras.ops.convert_to_tensor(positions, index_dtype(shape))
+        positions = keras.ops.convert_to_tensor(positions, _index_dtype(shape))
         free = keras.ops.convert_to_tensor(free)
         dtypes = [keras.backend.standardize_dtype(t.dtype) for t in (base, free)]
         if given is not None:
@@ -133,7 +133,7 @@ def compose(base, positions, free, *, mode: str = "delta", mask=None):
     free = keras.ops.cast(free, base.dtype)
     if mode == "select":
         if mask is None:
-            mask = scattered_mask(positions, shape)
+            mask = _scattered_mask(positions, shape)
         elif not (keras.ops.is_tensor(mask) or backend.is_variable(mask)):
             mask = to_mask(mask, shape, name="mask")
         return keras.ops.where(mask, free, base)
@@ -142,9 +142,9 @@ def compose(base, positions, free, *, mode: str = "delta", mask=None):
     return keras.ops.reshape(keras.ops.scatter_update(flat, index, free), shape)
 
 
-def flat_positions(positions, shape, *, name: str = "positions") -> np.ndarray:
+def _flat_positions(positions, shape, *, name: str = "positions") -> np.ndarray:
     """Validate static positions (flat, index list or mask); return flat ones."""
-    shape = normalize_shape(shape, name=f"{name} shape")
+    shape = _normalize_shape(shape, name=f"{name} shape")
     array = np.asarray(keras.ops.convert_to_numpy(positions))
     if array.ndim == 1 and array.size and np.issubdtype(array.dtype, np.integer):
         size = int(np.prod(shape))
@@ -153,10 +153,10 @@ def flat_positions(positions, shape, *, name: str = "positions") -> np.ndarray:
                 raise ValueError(
                     f"`{name}` holds flat positions, which must lie in [0, "
                     f"{size}) for a tensor of shape {shape}. Received: "
-                    f"{name}={describe(array)}"
+                    f"{name}={_describe(array)}"
                 )
             if len(np.unique(array)) != len(array):
-                raise ValueError(f"`{name}` names a position twice: {describe(array)}")
+                raise ValueError(f"`{name}` names a position twice: {_describe(array)}")
             return array.astype(np.int64)
         array = array.reshape(-1, 1)
     mask = to_mask(array, shape, name=name, indices_expected=True)
@@ -165,19 +165,19 @@ def flat_positions(positions, shape, *, name: str = "positions") -> np.ndarray:
     return np.flatnonzero(mask)
 
 
-def initializer(array, fill=0):
+def _initializer(array, fill=0):
     """A Keras initializer that gives ``array`` (``fill`` everywhere for ``None``)."""
     if array is None:
         return keras.initializers.Constant(fill)
     return lambda shape, dtype=None: keras.ops.cast(np.asarray(array), dtype)
 
 
-def index_dtype(shape) -> str:
+def _index_dtype(shape) -> str:
     """``int32`` positions where they fit, ``int64`` above 2**31 entries."""
     return "int32" if int(np.prod(shape)) < 2**31 else "int64"
 
 
-def scattered_mask(positions, shape):
+def _scattered_mask(positions, shape):
     """The boolean mask of flat ``positions``, built in the graph."""
     size = int(np.prod(shape))
     ones = keras.ops.ones(tuple(positions.shape), "int32")
@@ -226,7 +226,7 @@ def sparse_matmul(x, base, positions, free):
         )
     n_in, n_out = (int(d) for d in base.shape)
     if not (keras.ops.is_tensor(positions) or backend.is_variable(positions)):
-        positions = flat_positions(positions, (n_in, n_out), name="positions")
+        positions = _flat_positions(positions, (n_in, n_out), name="positions")
         if len(keras.ops.shape(free)) != 1 or keras.ops.shape(free)[0] != len(
             positions
         ):
@@ -235,7 +235,7 @@ def sparse_matmul(x, base, positions, free):
                 f"({len(positions)},). Received: free.shape="
                 f"{tuple(keras.ops.shape(free))}"
             )
-        positions = keras.ops.convert_to_tensor(positions, index_dtype(base.shape))
+        positions = keras.ops.convert_to_tensor(positions, _index_dtype(base.shape))
     x = keras.ops.convert_to_tensor(x)
     if not x.shape or x.shape[-1] not in (None, n_in):
         raise ValueError(
@@ -320,19 +320,19 @@ def choose_mode(mask, *, jit_compile: bool = False) -> str:
     if not isinstance(jit_compile, (bool, np.bool_)):
         raise TypeError(
             "`jit_compile` must be a bool. Received: "
-            f"jit_compile={describe(jit_compile)}"
+            f"jit_compile={_describe(jit_compile)}"
         )
     array = np.asarray(keras.ops.convert_to_numpy(mask))
     if array.dtype != bool and not np.issubdtype(array.dtype, np.floating):
         raise TypeError(
             "`mask` must be a boolean (or 0.0/1.0) mask, so that its density is "
-            f"known. Received: mask={describe(array)}"
+            f"known. Received: mask={_describe(array)}"
         )
     array = to_mask(array, array.shape)
-    return mode_for(int(array.sum()), array.shape, jit_compile=bool(jit_compile))
+    return _mode_for(int(array.sum()), array.shape, jit_compile=bool(jit_compile))
 
 
-def mode_for(num_free: int, shape, *, jit_compile: bool) -> str:
+def _mode_for(num_free: int, shape, *, jit_compile: bool) -> str:
     """:func:`choose_mode` from a count and a shape."""
     size = int(np.prod(shape))
     density = num_free / size if size else 0.0
@@ -342,7 +342,7 @@ def mode_for(num_free: int, shape, *, jit_compile: bool) -> str:
     return "sparse" if len(shape) == 2 and density < below else "delta"
 
 
-class SelectMask:
+class _SelectMask:
     """The select form's mask, from a positions variable, cheap inside a step.
 
     The mask of the positions the variable holds when the step is traced is a
@@ -361,7 +361,7 @@ class SelectMask:
         known = backend.try_read_now(positions_variable)
         if known is None:  # JAX inside `fit`: the positions are traced state
             if self._cache is None:
-                return scattered_mask(positions, self._shape)
+                return _scattered_mask(positions, self._shape)
             known = self._cache[0]  # still checked against them below
         if self._cache is None or not np.array_equal(self._cache[0], known):
             mask = np.zeros(int(np.prod(self._shape)), bool)
@@ -374,7 +374,7 @@ class SelectMask:
         return keras.ops.cond(
             same,
             lambda: backend.bool_constant(mask),
-            lambda: scattered_mask(positions, self._shape),
+            lambda: _scattered_mask(positions, self._shape),
         )
 
 
@@ -408,15 +408,15 @@ class SelectMask:
 # ``W[np.ix_(*sets)]``.
 
 
-def rectangle(positions, shape):
+def _rectangle(positions, shape):
     """The index set of each axis if ``positions`` fill a rectangle, else ``None``.
 
     An axis the rectangle covers whole gets ``None``. ``positions`` are flat
     and sorted (as every partial weight stores them).
 
-    >>> rectangle([1, 3, 5], (3, 2))  # column 1 of a 3 x 2 kernel
+    >>> _rectangle([1, 3, 5], (3, 2))  # column 1 of a 3 x 2 kernel
     (None, array([1]))
-    >>> rectangle([0, 3], (2, 2)) is None  # a diagonal is not one
+    >>> _rectangle([0, 3], (2, 2)) is None  # a diagonal is not one
     True
     """
     positions = np.asarray(positions, dtype=np.int64)
@@ -437,7 +437,7 @@ def rectangle(positions, shape):
     return tuple(None if len(s) == d else s for s, d in zip(sets, shape))
 
 
-def kernel_axes(equation: str):
+def _kernel_axes(equation: str):
     """For an ``EinsumDense`` equation, where each kernel axis goes, or ``None``.
 
     ``("in", axis)``: the axis of the input it contracts with; ``("out",
@@ -445,7 +445,7 @@ def kernel_axes(equation: str):
     form does not take (a kernel axis that is also a batch axis, or one
     before an ellipsis).
 
-    >>> kernel_axes("abc,cde->abde")
+    >>> _kernel_axes("abc,cde->abde")
     (('in', -1), ('out', -2), ('out', -1))
     """
     inputs, _, output = equation.replace(" ", "").partition("->")
@@ -463,10 +463,10 @@ def kernel_axes(equation: str):
     return tuple(axes)
 
 
-def layer_axes(layer, target: str = "kernel"):
+def _layer_axes(layer, target: str = "kernel"):
     """Where each kernel axis of ``layer`` goes, or ``None``: no slices form.
 
-    ``("in", axis)`` and ``("out", axis)`` as in :func:`kernel_axes`;
+    ``("in", axis)`` and ``("out", axis)`` as in :func:`_kernel_axes`;
     ``("whole", None)``: an axis the mask must cover whole (a convolution's
     window, an embedding's features); ``("ids", None)``: an embedding table's
     rows, looked up by the input. A ``Dense`` kernel contracts its first axis
@@ -483,7 +483,7 @@ def layer_axes(layer, target: str = "kernel"):
     if target != "kernel":
         return None
     if plain.call is keras.layers.EinsumDense.call:
-        return kernel_axes(layer.equation)
+        return _kernel_axes(layer.equation)
     if plain.call is keras.layers.Dense.call:
         return (("in", -1), ("out", -1))
     convolutions = (keras.layers.Conv1D.call, keras.layers.Conv2D.call)
@@ -493,24 +493,24 @@ def layer_axes(layer, target: str = "kernel"):
     return None
 
 
-def is_product(axes) -> bool:
-    """Whether ``axes`` (:func:`layer_axes`) describe a product linear in the kernel."""
+def _is_product(axes) -> bool:
+    """Whether ``axes`` (:func:`_layer_axes`) describe a product linear in W."""
     return axes is not None and all(side != "ids" for side, _ in axes)
 
 
-def is_matrix_product(axes) -> bool:
+def _is_matrix_product(axes) -> bool:
     """Whether every kernel axis is contracted or kept (``Dense``, ``EinsumDense``)."""
     return axes is not None and all(side in ("in", "out") for side, _ in axes)
 
 
-def check_slices(layer, positions, shape, target: str = "kernel") -> None:
+def _check_slices(layer, positions, shape, target: str = "kernel") -> None:
     """Refuse the slices form for ``layer`` or for ``positions``, clearly.
 
     Raises:
         ValueError: for a layer without the product, or positions that are
             not whole slices of it.
     """
-    axes = layer_axes(layer, target)
+    axes = _layer_axes(layer, target)
     if axes is None:
         equation = getattr(layer, "equation", None)
         raise ValueError(
@@ -528,7 +528,7 @@ def check_slices(layer, positions, shape, target: str = "kernel") -> None:
         )
     if positions is None:
         return
-    sets = rectangle(positions, shape)
+    sets = _rectangle(positions, shape)
     if sets is None:
         raise ValueError(
             "`mode` 'slices' needs a mask of whole slices: every combination "
@@ -576,7 +576,7 @@ def _expand(tensor, chosen, size, axis):
     return keras.ops.moveaxis(keras.ops.matmul(moved, spread), -1, axis)
 
 
-def slice_product(x, base, free, sets, axes, product):
+def _slice_product(x, base, free, sets, axes, product):
     """``product(x, W)`` for ``W`` = ``base`` with ``free`` in the rectangle ``sets``.
 
     Args:
@@ -584,7 +584,7 @@ def slice_product(x, base, free, sets, axes, product):
         base: the frozen kernel.
         free: the free values, flat, in the rectangle's row-major order.
         sets: :func:`rectangle` of the positions.
-        axes: where each kernel axis goes (:func:`kernel_axes`).
+        axes: where each kernel axis goes (:func:`_kernel_axes`).
         product: ``(x, kernel) -> y``, linear in the kernel.
     """
     shape = [d if s is None else len(s) for s, d in zip(sets, base.shape)]
@@ -597,7 +597,7 @@ def slice_product(x, base, free, sets, axes, product):
     return product(x, base) + partial
 
 
-def row_lookup(ids, base, free, rows):
+def _row_lookup(ids, base, free, rows):
     """``take(W, ids)`` for ``W`` = ``base`` with ``free`` in whole ``rows``.
 
     The rows of ``free`` are looked up themselves, so the output is the

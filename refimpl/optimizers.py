@@ -39,14 +39,14 @@ import numpy as np
 
 from refimpl import _compat, backend
 from refimpl.masks import (
-    check_pairs,
-    describe,
-    mask_constant,
-    pair_masks,
-    variable_pairs,
-    variable_path,
+    _check_pairs,
+    _describe,
+    _mask_constant,
+    _pair_masks,
+    _variable_pairs,
+    _variable_path,
 )
-from refimpl.ops import initializer as _constant
+from refimpl.ops import _initializer as _constant
 
 __all__ = ["MaskedOptimizer", "apply_masked_gradients", "mask_gradients"]
 
@@ -135,14 +135,14 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
                     f"`{option}` belongs to the inner optimizer: set it there, "
                     f"for example keras.optimizers.AdamW(..., {option}=...). "
                     f"MaskedOptimizer only filters the update. Received: "
-                    f"{option}={describe(value)} on the MaskedOptimizer"
+                    f"{option}={_describe(value)} on the MaskedOptimizer"
                 )
         if "learning_rate" in kwargs:
             raise ValueError(
                 "`learning_rate` belongs to the inner optimizer: set it there, "
                 "for example keras.optimizers.Adam(learning_rate=...); the "
                 "wrapper's learning_rate reads and sets the inner one. "
-                f"Received: learning_rate={describe(kwargs['learning_rate'])} on the "
+                f"Received: learning_rate={_describe(kwargs['learning_rate'])} on the "
                 "MaskedOptimizer"
             )
         saved = kwargs.pop("masked_variables", None)
@@ -151,7 +151,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             raise TypeError(
                 f"`{name}` is not an argument of MaskedOptimizer, which takes "
                 "`optimizer`, `masks`, `restore_frozen` and `name`. "
-                f"Received: {name}={describe(kwargs[name])}"
+                f"Received: {name}={_describe(kwargs[name])}"
             )
         if isinstance(optimizer, str):
             try:
@@ -159,18 +159,18 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             except ValueError as err:
                 raise ValueError(
                     "`optimizer` must be a Keras optimizer or the name of one "
-                    f"(such as 'adam'). Received: optimizer={describe(optimizer)}"
+                    f"(such as 'adam'). Received: optimizer={_describe(optimizer)}"
                 ) from err
         if not isinstance(optimizer, keras.optimizers.Optimizer):
             raise TypeError(
                 "`optimizer` must be a Keras optimizer, such as "
                 "keras.optimizers.Adam(1e-3). Received: "
-                f"optimizer={describe(optimizer)}"
+                f"optimizer={_describe(optimizer)}"
             )
         if not isinstance(restore_frozen, bool):
             raise TypeError(
                 "`restore_frozen` must be True or False. "
-                f"Received: restore_frozen={describe(restore_frozen)}"
+                f"Received: restore_frozen={_describe(restore_frozen)}"
             )
         if masks is None and saved is None:
             raise TypeError(
@@ -181,10 +181,10 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
         self.restore_frozen = restore_frozen
         # A plain holder: a list attribute holding variables would be tracked,
         # and the model's variables would become the optimizer's own.
-        self._given = _Untracked(None if masks is None else check_pairs(masks))
+        self._given = _Untracked(None if masks is None else _check_pairs(masks))
         if self._pairs is not None:
             # Validate every mask now, against its own variable.
-            pair_masks(self._pairs, [v for v, _ in self._pairs], scales=True)
+            _pair_masks(self._pairs, [v for v, _ in self._pairs], scales=True)
         self._saved = saved
         self._mask_of: dict[str, keras.Variable] = {}
         self._scaled: set[str] = set()
@@ -232,7 +232,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
 
     def _masks_for(self, var_list):
         if self._pairs is not None:
-            return pair_masks(self._pairs, var_list, scales=True)
+            return _pair_masks(self._pairs, var_list, scales=True)
         out = [None] * len(var_list)
         for entry in self._saved:
             index = _find_path(entry["path"], var_list)
@@ -263,7 +263,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             values = backend.read_now(mask)
             if _compat.is_shell(values):
                 raise _compat.require_loaded(
-                    f"The MaskedOptimizer's mask of '{variable_path(variable)}'"
+                    f"The MaskedOptimizer's mask of '{_variable_path(variable)}'"
                 )
             if ((values > 0) & (values < 1)).any():
                 self._scaled.add(key)
@@ -349,7 +349,7 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
             entries = [
                 {
                     "index": i,
-                    "path": variable_path(_compat.optimizer_variables(self)[i]),
+                    "path": _variable_path(_compat.optimizer_variables(self)[i]),
                     "shape": list(_compat.optimizer_variables(self)[i].shape),
                     "scaled": _compat.variable_key(
                         self, _compat.optimizer_variables(self)[i]
@@ -359,11 +359,11 @@ class MaskedOptimizer(keras.optimizers.Optimizer):
                 for i in self._masked_indices
             ]
         elif self._pairs is not None:
-            arrays = pair_masks(self._pairs, [v for v, _ in self._pairs], scales=True)
+            arrays = _pair_masks(self._pairs, [v for v, _ in self._pairs], scales=True)
             entries = [
                 {
                     "index": None,
-                    "path": variable_path(v),
+                    "path": _variable_path(v),
                     "shape": list(v.shape),
                     "scaled": bool(((a > 0) & (a < 1)).any()),
                 }
@@ -416,10 +416,10 @@ def mask_gradients(grads_and_vars, masks) -> list[tuple]:
     array([3., 0.], dtype=float32)
     """
     grads, variables = _split(grads_and_vars)
-    arrays = pair_masks(masks, variables)
+    arrays = _pair_masks(masks, variables)
     _check_gradients(grads, variables, arrays)
     return [
-        (grad if mask is None else _mask_one(grad, mask_constant(mask)), variable)
+        (grad if mask is None else _mask_one(grad, _mask_constant(mask)), variable)
         for grad, variable, mask in zip(grads, variables, arrays, strict=True)
     ]
 
@@ -431,10 +431,10 @@ def _check_gradients(grads, variables, arrays) -> None:
     ):
         if mask is not None and grad is None:
             raise ValueError(
-                f"The gradient of the masked variable '{variable_path(variable)}' "
+                f"The gradient of the masked variable '{_variable_path(variable)}' "
                 f"(`grads_and_vars[{i}]`) is None: the loss does not depend on "
                 "it. Compute the loss from the variable inside the tape. "
-                f"Received: grads_and_vars[{i}]=(None, {variable_path(variable)!r})"
+                f"Received: grads_and_vars[{i}]=(None, {_variable_path(variable)!r})"
             )
 
 
@@ -481,17 +481,17 @@ def apply_masked_gradients(
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
             "`optimizer` must be a Keras optimizer, such as "
-            f"keras.optimizers.SGD(0.1). Received: optimizer={describe(optimizer)}"
+            f"keras.optimizers.SGD(0.1). Received: optimizer={_describe(optimizer)}"
         )
     if not isinstance(restore_frozen, bool):
         raise TypeError(
             "`restore_frozen` must be True or False. "
-            f"Received: restore_frozen={describe(restore_frozen)}"
+            f"Received: restore_frozen={_describe(restore_frozen)}"
         )
     grads, variables = _split(grads_and_vars)
     if not variables:
         return
-    arrays = pair_masks(masks, variables, scales=True)
+    arrays = _pair_masks(masks, variables, scales=True)
     _check_gradients(grads, variables, arrays)
     tensors = [None if a is None else keras.ops.convert_to_tensor(a) for a in arrays]
     scaled = [a is not None and bool(((a > 0) & (a < 1)).any()) for a in arrays]
@@ -539,7 +539,7 @@ def _split(grads_and_vars) -> tuple[list, list]:
         grads_and_vars, "__iter__"
     ):
         grads_and_vars = list(grads_and_vars)  # zip(grads, vars) is fine
-    pairs = variable_pairs(
+    pairs = _variable_pairs(
         grads_and_vars, name="grads_and_vars", slot=1, kind="(gradient, variable)"
     )
     variables = []
@@ -547,9 +547,9 @@ def _split(grads_and_vars) -> tuple[list, list]:
         if any(variable is v for v in variables):
             raise ValueError(
                 f"`grads_and_vars[{i}]` gives a second gradient for the variable "
-                f"{variable_path(variable)!r}: give each variable once (add its "
+                f"{_variable_path(variable)!r}: give each variable once (add its "
                 f"gradients first). Received: grads_and_vars[{i}]="
-                f"({type(grad).__name__}, {variable_path(variable)!r})"
+                f"({type(grad).__name__}, {_variable_path(variable)!r})"
             )
         variables.append(variable)
     return [grad for grad, _ in pairs], variables
@@ -578,7 +578,7 @@ def _find_path(path: str, var_list) -> int:
     in it (or that it ends in) accepted, and then it must be one. (A saved
     index is never trusted: variables may come in another order.)
     """
-    paths = [variable_path(v) for v in var_list]
+    paths = [_variable_path(v) for v in var_list]
     found = [i for i, own in enumerate(paths) if own == path]
     if not found:
         found = [

@@ -27,12 +27,12 @@ import numpy as np
 
 from refimpl import _compat, _layouts, backend
 from refimpl.ops import (
-    SelectMask,
+    _index_dtype,
+    _initializer,
+    _mode_for,
+    _rectangle,
+    _SelectMask,
     compose,
-    index_dtype,
-    initializer,
-    mode_for,
-    rectangle,
     xla_enabled,
 )
 
@@ -104,7 +104,7 @@ class PartialWeight:
         self.mode = mode
         self.auto = bool(auto)
         self.sets = None  # the "slices" form: the free index set of each axis
-        self._select = SelectMask(self.shape)
+        self._select = _SelectMask(self.shape)
         self._loaded = not _compat.is_shell(backend.try_read_now(positions))
 
     @classmethod
@@ -136,8 +136,8 @@ class PartialWeight:
             start_free = "zeros"
         else:
             value = keras.ops.convert_to_numpy(base)
-            start_positions = initializer(positions)
-            start_free = initializer(value if select else value.ravel()[positions])
+            start_positions = _initializer(positions)
+            start_free = _initializer(value if select else value.ravel()[positions])
         regularizer = base.regularizer
         free_names, position_name = names
         with (
@@ -150,7 +150,7 @@ class PartialWeight:
                     name=position_name,
                     shape=(int(num_free),),
                     initializer=start_positions,
-                    dtype=index_dtype(shape),
+                    dtype=_index_dtype(shape),
                     trainable=False,
                 )
 
@@ -221,7 +221,7 @@ class PartialWeight:
             raise _compat.require_loaded(f"{kind} '{self.owner.name}'")
         self._loaded = True
         if self.mode == "slices":
-            self.sets = rectangle(positions, self.shape)
+            self.sets = _rectangle(positions, self.shape)
 
     # -- the tensor --------------------------------------------------------
     def value(self, base=None):
@@ -254,7 +254,7 @@ class PartialWeight:
         """
         if not self.auto or not xla_enabled():
             return self.mode
-        return mode_for(self.num_free, self.shape, jit_compile=True)
+        return _mode_for(self.num_free, self.shape, jit_compile=True)
 
     def folded(self) -> np.ndarray:
         """The full trained tensor as a new NumPy array (what ``merge`` writes)."""

@@ -34,7 +34,13 @@ import keras
 import numpy as np
 
 from refimpl import backend
-from refimpl.masks import as_array, check_int, describe, input_arrays, normalize_shape
+from refimpl.masks import (
+    _as_array,
+    _check_int,
+    _describe,
+    _input_arrays,
+    _normalize_shape,
+)
 
 # In the order of the API page: the scored masks, then the structured ones.
 __all__ = [
@@ -62,10 +68,10 @@ def random_mask(shape, *, k=None, fraction=None, seed: int = 0) -> np.ndarray:
     array([[0, 0, 0],
            [1, 1, 0]])
     """
-    shape = normalize_shape(shape)
+    shape = _normalize_shape(shape)
     size = int(np.prod(shape))
     k = _count(k, fraction, size)
-    seed = check_int(seed, "seed")
+    seed = _check_int(seed, "seed")
     chosen = np.random.default_rng(seed).choice(size, size=k, replace=False)
     mask = np.zeros(size, bool)
     mask[chosen] = True
@@ -136,12 +142,12 @@ def fisher_scores(model, x, y, *, loss, batch_size: int = 32, batches: int = 4):
     """
     if not isinstance(model, keras.Model):
         raise TypeError(
-            f"`model` must be a Keras model. Received: model={describe(model)}"
+            f"`model` must be a Keras model. Received: model={_describe(model)}"
         )
-    batch_size = check_int(batch_size, "batch_size", minimum=1)
-    batches = check_int(batches, "batches", minimum=1)
+    batch_size = _check_int(batch_size, "batch_size", minimum=1)
+    batches = _check_int(batches, "batches", minimum=1)
     loss_fn = keras.losses.get(loss)
-    x, y = input_arrays(
+    x, y = _input_arrays(
         x, y, "x", "`x` and `y` must hold the same number of rows, at least one."
     )
     variables = model.trainable_variables
@@ -201,7 +207,7 @@ def rows_mask(shape, rows) -> np.ndarray:
            [0, 0],
            [1, 1]])
     """
-    shape = normalize_shape(shape)
+    shape = _normalize_shape(shape)
     mask = np.zeros(shape, bool)
     mask[_axis_indices(rows, shape[0], "rows")] = True
     return mask
@@ -218,7 +224,7 @@ def columns_mask(shape, columns) -> np.ndarray:
     array([[1, 0, 0],
            [1, 0, 0]])
     """
-    shape = normalize_shape(shape)
+    shape = _normalize_shape(shape)
     mask = np.zeros(shape, bool)
     mask[..., _axis_indices(columns, shape[-1], "columns")] = True
     return mask
@@ -250,10 +256,10 @@ def band_mask(shape, lower: int, upper: int) -> np.ndarray:
            [1, 1, 0],
            [0, 1, 1]])
     """
-    shape = normalize_shape(shape)
+    shape = _normalize_shape(shape)
     if len(shape) != 2:
         raise ValueError(f"`shape` must be 2-D. Received: shape={shape}")
-    lower, upper = check_int(lower, "lower"), check_int(upper, "upper")
+    lower, upper = _check_int(lower, "lower"), _check_int(upper, "upper")
     offset = np.subtract.outer(np.arange(shape[0]), np.arange(shape[1]))
     return (offset <= lower) & (-offset <= upper)
 
@@ -276,7 +282,7 @@ def block_mask(shape, row_sizes, col_sizes, blocks) -> np.ndarray:
            [1, 1, 0],
            [1, 1, 0]])
     """
-    shape = normalize_shape(shape)
+    shape = _normalize_shape(shape)
     if len(shape) != 2:
         raise ValueError(f"`shape` must be 2-D. Received: shape={shape}")
     edges = []
@@ -284,10 +290,10 @@ def block_mask(shape, row_sizes, col_sizes, blocks) -> np.ndarray:
         ("row_sizes", row_sizes, shape[0]),
         ("col_sizes", col_sizes, shape[1]),
     ):
-        sizes = [check_int(size, name, minimum=1) for size in sizes]
+        sizes = [_check_int(size, name, minimum=1) for size in sizes]
         if sum(sizes) != total:
             raise ValueError(
-                f"`{name}` must sum to {total}. Received: {name}={describe(sizes)}"
+                f"`{name}` must sum to {total}. Received: {name}={_describe(sizes)}"
             )
         edges.append(np.concatenate([[0], np.cumsum(sizes)]))
     mask = np.zeros(shape, bool)
@@ -299,13 +305,13 @@ def block_mask(shape, row_sizes, col_sizes, blocks) -> np.ndarray:
         ):
             raise TypeError(
                 f"`blocks[{n}]` must be an (i, j) pair of ints, the block's row "
-                f"and column in the grid. Received: blocks[{n}]={describe(block)}"
+                f"and column in the grid. Received: blocks[{n}]={_describe(block)}"
             )
         i, j = block
         if not (0 <= i < len(edges[0]) - 1 and 0 <= j < len(edges[1]) - 1):
             raise ValueError(
                 f"`blocks[{n}]` is outside the grid. Received: "
-                f"blocks[{n}]={describe(block)}"
+                f"blocks[{n}]={_describe(block)}"
             )
         mask[edges[0][i] : edges[0][i + 1], edges[1][j] : edges[1][j + 1]] = True
     return mask
@@ -314,25 +320,25 @@ def block_mask(shape, row_sizes, col_sizes, blocks) -> np.ndarray:
 def _count(k, fraction, size: int) -> int:
     if (k is None) == (fraction is None):
         raise ValueError(
-            f"Give exactly one of `k` and `fraction`. Received: k={describe(k)}, "
-            f"fraction={describe(fraction)}"
+            f"Give exactly one of `k` and `fraction`. Received: k={_describe(k)}, "
+            f"fraction={_describe(fraction)}"
         )
     if k is not None:
-        return check_int(k, "k", maximum=size)
+        return _check_int(k, "k", maximum=size)
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
         raise TypeError(
-            f"`fraction` must be a number. Received: fraction={describe(fraction)}"
+            f"`fraction` must be a number. Received: fraction={_describe(fraction)}"
         )
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(
             "`fraction` must be between 0 and 1. Received: "
-            f"fraction={describe(fraction)}"
+            f"fraction={_describe(fraction)}"
         )
     return int(round(fraction * size))
 
 
 def _float(value, name: str) -> np.ndarray:
-    return as_array(value, name, kind="numeric", what="a numeric array").astype(
+    return _as_array(value, name, kind="numeric", what="a numeric array").astype(
         np.float64
     )
 
@@ -341,10 +347,10 @@ def _axis_indices(indices, size: int, name: str) -> np.ndarray:
     array = np.asarray(indices)
     if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
         raise TypeError(
-            f"`{name}` must be a list of ints. Received: {name}={describe(indices)}"
+            f"`{name}` must be a list of ints. Received: {name}={_describe(indices)}"
         )
     if array.size and (array.min() < 0 or array.max() >= size):
         raise ValueError(
-            f"`{name}` must lie in [0, {size}). Received: {name}={describe(indices)}"
+            f"`{name}` must lie in [0, {size}). Received: {name}={_describe(indices)}"
         )
     return array.astype(np.int64)

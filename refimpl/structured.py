@@ -24,7 +24,7 @@ import numpy as np
 from keras import ops
 
 from refimpl import backend
-from refimpl.masks import check_int, describe
+from refimpl.masks import _check_int, _describe
 
 __all__ = [
     "banded",
@@ -174,20 +174,20 @@ def _band(diagonals, offsets):
         offsets, (Sequence, np.ndarray)
     ):
         raise TypeError(
-            f"`offsets` must be a list of ints. Received: {describe(offsets)}"
+            f"`offsets` must be a list of ints. Received: {_describe(offsets)}"
         )
     offsets = list(offsets)
     if _is_array(diagonals) or not isinstance(diagonals, Sequence):
         raise TypeError(
             "`diagonals` must be a list of 1-D tensors, one per offset. "
-            f"Received: diagonals={describe(diagonals)}"
+            f"Received: diagonals={_describe(diagonals)}"
         )
     if not offsets or len(offsets) != len(diagonals):
         raise ValueError(
             "`diagonals` and `offsets` must be non-empty lists of the same "
             f"length. Received {len(diagonals)} diagonals and offsets={offsets}"
         )
-    offsets = [check_int(k, "offsets", minimum=None) for k in offsets]
+    offsets = [_check_int(k, "offsets", minimum=None) for k in offsets]
     if len(set(offsets)) != len(offsets):
         raise ValueError(f"`offsets` must be distinct. Received: offsets={offsets}")
     tensors = [_vector(d, f"diagonals[{i}]") for i, d in enumerate(diagonals)]
@@ -278,7 +278,7 @@ def block_matmul(x, rows: Sequence[Sequence]):
     """
     grid, heights, widths, dtype = _grid(rows)
     x = _batch(x, sum(heights), dtype)
-    pieces = split_last(x, heights)
+    pieces = _split_last(x, heights)
     columns = []
     for j, width in enumerate(widths):
         terms = [
@@ -294,7 +294,7 @@ def block_matmul(x, rows: Sequence[Sequence]):
 
 
 def _grid(rows):
-    check_rectangular(rows, "rows")
+    _check_rectangular(rows, "rows")
     tensor_dtypes = {
         keras.backend.standardize_dtype(b.dtype)
         for r in rows
@@ -324,11 +324,11 @@ def _grid(rows):
                     )
             grid[-1].append(b)
     shapes = [[None if b is None else tuple(b.shape) for b in r] for r in grid]
-    heights, widths = block_sizes(shapes, "rows")
+    heights, widths = _block_sizes(shapes, "rows")
     return grid, heights, widths, dtype
 
 
-def check_rectangular(rows, name: str) -> None:
+def _check_rectangular(rows, name: str) -> None:
     """Check that ``rows`` is a non-empty, rectangular list of non-empty lists.
 
     Raises ``TypeError`` for something that is not a list of lists (an array,
@@ -342,12 +342,12 @@ def check_rectangular(rows, name: str) -> None:
     ):
         raise TypeError(
             f"`{name}` must be a list of lists of blocks (block rows). "
-            f"Received: {name}={describe(rows)}"
+            f"Received: {name}={_describe(rows)}"
         )
     if not rows or any(len(r) == 0 for r in rows):
         raise ValueError(
             f"`{name}` must be a non-empty list of non-empty lists of blocks. "
-            f"Received: {name}={describe(rows)}"
+            f"Received: {name}={_describe(rows)}"
         )
     if any(len(r) != len(rows[0]) for r in rows):
         raise ValueError(
@@ -356,7 +356,7 @@ def check_rectangular(rows, name: str) -> None:
         )
 
 
-def block_sizes(shapes, name: str, heights=None, widths=None, *, size_names=None):
+def _block_sizes(shapes, name: str, heights=None, widths=None, *, size_names=None):
     """Infer and check the block-row heights and block-column widths of a grid.
 
     The one size check of every block grid in the package (:func:`block`,
@@ -413,7 +413,7 @@ def block_sizes(shapes, name: str, heights=None, widths=None, *, size_names=None
 
 
 # -- the tensor checks the builders share --------------------------------------
-def split_last(x, sizes: Sequence[int]) -> list:
+def _split_last(x, sizes: Sequence[int]) -> list:
     """Split ``x`` along its last axis into pieces of the given sizes."""
     if len(sizes) == 1:
         return [x]
@@ -439,12 +439,13 @@ def _vector(value, name: str):
         dtype = _dtype(tensor)
     except (TypeError, ValueError) as err:
         raise TypeError(
-            f"`{name}` must be a 1-D numeric tensor. Received: {name}={describe(value)}"
+            f"`{name}` must be a 1-D numeric tensor. "
+            f"Received: {name}={_describe(value)}"
         ) from err
     if not (dtype.startswith(("float", "complex")) or dtype == "bfloat16"):
         raise TypeError(
             f"`{name}` must hold floating-point numbers. Received dtype "
-            f"{dtype}: {name}={describe(value)}"
+            f"{dtype}: {name}={_describe(value)}"
         )
     shape = tuple(tensor.shape)
     if len(shape) != 1 or shape[0] is None:

@@ -13,13 +13,13 @@ import re
 import keras
 import numpy as np
 
-from refimpl.masks import as_array, describe, to_mask
+from refimpl.masks import _as_array, _describe, to_mask
 
 __all__ = ["moved", "assert_frozen", "count_free_parameters", "count_optimizer_state"]
 
 
 def _numpy(value, name: str) -> np.ndarray:
-    return as_array(value, name, what="a numeric array or tensor")
+    return _as_array(value, name, what="a numeric array or tensor")
 
 
 def moved(before, after) -> np.ndarray:
@@ -129,13 +129,13 @@ def count_free_parameters(model_or_variables) -> int:
         if not isinstance(model_or_variables, (list, tuple)):
             raise TypeError(
                 "`model_or_variables` must be a Keras model or layer, or a list "
-                f"of variables. Received: {describe(model_or_variables)}"
+                f"of variables. Received: {_describe(model_or_variables)}"
             )
         for v in model_or_variables:
             if not hasattr(v, "shape") or isinstance(v, (str, bytes)):
                 raise TypeError(
                     "`model_or_variables` must hold variables. Received an "
-                    f"element {describe(v)} of type {type(v).__name__}"
+                    f"element {_describe(v)} of type {type(v).__name__}"
                 )
         weights = [v for v in model_or_variables if getattr(v, "trainable", True)]
     return int(sum(int(np.prod(w.shape)) for w in weights))
@@ -169,7 +169,7 @@ def count_optimizer_state(optimizer) -> int:
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
             "`optimizer` must be a Keras optimizer. Received: "
-            f"optimizer={describe(optimizer)}"
+            f"optimizer={_describe(optimizer)}"
         )
     if not optimizer.built:
         raise ValueError(

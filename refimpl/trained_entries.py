@@ -39,7 +39,7 @@ import ml_dtypes  # noqa: F401  (Keras' own dependency: names bfloat16 for NumPy
 import numpy as np
 
 from refimpl import _compat
-from refimpl.masks import describe, variable_path
+from refimpl.masks import _describe, _variable_path
 from refimpl.partial import partial_weights
 
 __all__ = ["load_partial_weights", "save_partial_weights"]
@@ -136,7 +136,7 @@ def _weights(model) -> list[tuple[str, object, object]]:
 def _legacy_path(model, variable) -> str:
     """A weight's key in files of versions 1 and 2: its variable's path,
     without ``model``'s name in front."""
-    path = variable_path(variable)
+    path = _variable_path(variable)
     prefix = model.name + "/"
     return path[len(prefix) :] if path.startswith(prefix) else path
 
@@ -229,7 +229,7 @@ def _check_path(path, what: str) -> str:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(
             "`path` must be a file path (str or os.PathLike). "
-            f"Received: path={describe(path)}"
+            f"Received: path={_describe(path)}"
         )
     path = os.fspath(path)
     if not path.endswith(".npz"):
@@ -242,11 +242,11 @@ def _check_path(path, what: str) -> str:
 def _check_model(model) -> None:
     if not isinstance(model, keras.Model):
         raise TypeError(
-            f"`model` must be a Keras model. Received: model={describe(model)}"
+            f"`model` must be a Keras model. Received: model={_describe(model)}"
         )
     if not model.built:
         raise ValueError(
-            f"`model` must be built. Received: model={describe(model.name)}"
+            f"`model` must be built. Received: model={_describe(model.name)}"
         )
 
 
@@ -301,7 +301,7 @@ def save_partial_weights(model, path) -> dict:
         raise ValueError(
             "`model` has no partial weight: convert it with `refimpl.partialize`, "
             "or give a layer of your own a `refimpl.PartialVariable`. "
-            f"Received: model={describe(model.name)}"
+            f"Received: model={_describe(model.name)}"
         )
     free = {id(pw.owner): pw.free for _, pw in partial}
     whole = [

@@ -18,9 +18,9 @@ import keras
 import numpy as np
 
 from refimpl import _compat
-from refimpl.masks import as_array, check_int, describe, normalize_shape, to_mask
-from refimpl.ops import check_mode, mode_for, sparse_matmul
-from refimpl.ops import initializer as _constant
+from refimpl.masks import _as_array, _check_int, _describe, _normalize_shape, to_mask
+from refimpl.ops import _check_mode, _mode_for, sparse_matmul
+from refimpl.ops import _initializer as _constant
 from refimpl.partial import PartialWeight
 
 __all__ = ["PartialVariable"]
@@ -113,19 +113,19 @@ class PartialVariable(keras.layers.Layer):
         auto: bool = False,
         **kwargs,
     ):
-        value, shape, num_free = read_arguments(
+        value, shape, num_free = _read_arguments(
             initial_value, mask, mode, shape, num_free, auto
         )
         if value is not None:
             kwargs.setdefault("dtype", value.dtype.name)
         super().__init__(**kwargs)
         if value is not None:
-            check_exact(value, self.variable_dtype)
+            _check_exact(value, self.variable_dtype)
             bool_mask = to_mask(mask, shape, name="mask")
             if mode == "auto":
-                mode = mode_for(int(bool_mask.sum()), shape, jit_compile=False)
+                mode = _mode_for(int(bool_mask.sum()), shape, jit_compile=False)
                 auto = mode != "select"
-            check_sparse_rank(mode, shape)
+            _check_sparse_rank(mode, shape)
             num_free = int(bool_mask.sum())
         self._holder_kind = "PartialVariable"
         # A shell's base and positions hold the shell's marks until loaded.
@@ -177,7 +177,7 @@ class PartialVariable(keras.layers.Layer):
         >>> keras.ops.convert_to_numpy(v.free)
         array([3.], dtype=float32)
         """
-        return cls(float_array(w, name="w"), mask, **kwargs)
+        return cls(_float_array(w, name="w"), mask, **kwargs)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -328,19 +328,19 @@ class PartialVariable(keras.layers.Layer):
 
 
 # -- the constructor's arguments ----------------------------------------------
-def read_arguments(initial_value, mask, mode, shape, num_free, auto):
+def _read_arguments(initial_value, mask, mode, shape, num_free, auto):
     """Check :class:`PartialVariable`'s arguments: a value and a mask, or a shell.
 
     Returns ``(value, shape, num_free)``: the dense value as a floating
     NumPy array (``None`` for a shell), its shape, and the shell's count.
     """
-    check_mode(mode)
+    _check_mode(mode)
     if not isinstance(auto, (bool, np.bool_)):
-        raise TypeError(f"`auto` must be a bool. Received: auto={describe(auto)}")
+        raise TypeError(f"`auto` must be a bool. Received: auto={_describe(auto)}")
     if auto and mode not in ("sparse", "delta"):
         raise ValueError(
             "`auto` goes with a resolved mode 'sparse' or 'delta' (what "
-            f"mode='auto' resolves to). Received: auto=True, mode={describe(mode)}"
+            f"mode='auto' resolves to). Received: auto=True, mode={_describe(mode)}"
         )
     shell = initial_value is None and mask is None
     if shell:
@@ -352,10 +352,10 @@ def read_arguments(initial_value, mask, mode, shape, num_free, auto):
             )
         if mode == "auto":
             raise ValueError("A shell needs its resolved `mode`. Received: 'auto'")
-        shape = normalize_shape(shape, name="shape")
-        num_free = check_int(num_free, "num_free", maximum=int(np.prod(shape)))
+        shape = _normalize_shape(shape, name="shape")
+        num_free = _check_int(num_free, "num_free", maximum=int(np.prod(shape)))
         value = None
-        check_sparse_rank(mode, shape)
+        _check_sparse_rank(mode, shape)
     else:
         if initial_value is None or mask is None:
             missing, given = (
@@ -371,15 +371,15 @@ def read_arguments(initial_value, mask, mode, shape, num_free, auto):
             raise ValueError(
                 f"`{extra}` is only for a shell rebuilt from a config, "
                 "which has no `initial_value` or `mask`: give one or the "
-                f"other. Received: shape={describe(shape)}, "
-                f"num_free={describe(num_free)}"
+                f"other. Received: shape={_describe(shape)}, "
+                f"num_free={_describe(num_free)}"
             )
-        value = float_array(initial_value)
+        value = _float_array(initial_value)
         shape = tuple(value.shape)
     return value, shape, num_free
 
 
-def check_sparse_rank(mode: str, shape) -> None:
+def _check_sparse_rank(mode: str, shape) -> None:
     if mode == "sparse" and len(shape) != 2:
         raise ValueError(
             "mode='sparse' is a matrix product: it needs a 2-D tensor. "
@@ -387,7 +387,7 @@ def check_sparse_rank(mode: str, shape) -> None:
         )
 
 
-def check_exact(value: np.ndarray, dtype: str) -> None:
+def _check_exact(value: np.ndarray, dtype: str) -> None:
     # The promise is bit-for-bit frozen entries: a dtype that rounds them
     # would break it before the first step, so the rounding must be asked for.
     cast = np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(value, dtype)))
@@ -400,5 +400,5 @@ def check_exact(value: np.ndarray, dtype: str) -> None:
         )
 
 
-def float_array(value, name: str = "initial_value") -> np.ndarray:
-    return as_array(value, name, kind="floating", what="a floating-point tensor")
+def _float_array(value, name: str = "initial_value") -> np.ndarray:
+    return _as_array(value, name, kind="floating", what="a floating-point tensor")

@@ -88,7 +88,9 @@ def test_train_after_zero_lets_the_final_step_update():
 )
 def test_a_bad_train_after_is_refused(value, error):
     with pytest.raises(
-        error, match=rf"`train_after` must be (an int|at least 0)\. Received: train_after={value}"
+        error,
+        match=rf"`train_after` must be (an int|at least 0)\. "
+        rf"Received: train_after={value}",
     ):
         refimpl.DropAndGrow((X, Y), train_after=value)
 

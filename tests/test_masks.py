@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 
-from refimpl.masks import indices_to_mask, mask_to_indices, normalize_shape, to_mask
+from refimpl.masks import _normalize_shape, indices_to_mask, mask_to_indices, to_mask
 from tests.strategies import shape_and_mask
 
 pytestmark = pytest.mark.every_backend
@@ -110,7 +110,7 @@ def test_bad_indices_raise_with_their_name():
 )
 def test_bad_shape_raises(shape, error):
     with pytest.raises(error, match="`shape`"):
-        normalize_shape(shape)
+        _normalize_shape(shape)
 
 
 def test_mask_to_indices_rejects_non_boolean():
@@ -124,7 +124,9 @@ def test_indices_expected_reads_an_ambiguous_integer_array_as_indices():
 
 
 def test_mask_constant_keeps_every_entry():
-    from refimpl.masks import mask_constant
+    from refimpl.masks import _mask_constant
 
     mask = np.random.default_rng(0).random((7, 5)) < 0.5
-    np.testing.assert_array_equal(keras.ops.convert_to_numpy(mask_constant(mask)), mask)
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(_mask_constant(mask)), mask
+    )

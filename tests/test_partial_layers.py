@@ -22,7 +22,7 @@ import pytest
 
 import refimpl
 from refimpl import selection
-from refimpl.layers.partial import PARTIAL_CLASSES, partial_class
+from refimpl.layers.partial import _PARTIAL_CLASSES, partial_class
 
 pytestmark = pytest.mark.every_backend
 
@@ -185,7 +185,7 @@ def test_outputs_are_bit_exact_and_only_the_free_values_train(name):
         0 if name in EMBEDDINGS else int(np.prod(layer.bias.shape))
     )
     # The original model is untouched.
-    assert not isinstance(model.get_layer("target"), tuple(PARTIAL_CLASSES.values()))
+    assert not isinstance(model.get_layer("target"), tuple(_PARTIAL_CLASSES.values()))
 
 
 @pytest.mark.slow

@@ -75,7 +75,7 @@ def _assert_trained_as_delta(layers, references, start):
     ],
 )
 def test_rectangle_finds_whole_slices_and_nothing_else(positions, shape, expected):
-    found = ops.rectangle(positions, shape)
+    found = ops._rectangle(positions, shape)
     if expected is None:
         assert found is None
         return
@@ -94,7 +94,7 @@ def test_rectangle_finds_whole_slices_and_nothing_else(positions, shape, expecte
     ],
 )
 def test_kernel_axes_of_einsum_equations(equation, expected):
-    assert ops.kernel_axes(equation) == expected
+    assert ops._kernel_axes(equation) == expected
 
 
 @pytest.mark.parametrize("mode", ["slices", "auto"])

@@ -142,7 +142,7 @@ def _slice_mask(layer, np, density, side):
     from refimpl import ops
 
     shape = tuple(layer.kernel.shape)
-    axes = ops.layer_axes(layer)
+    axes = ops._layer_axes(layer)
     axis = max(a for a, (s, _) in enumerate(axes) if s == side)
     count = max(1, math.ceil(density * shape[axis]))
     chosen = np.random.default_rng(axis).choice(shape[axis], count, replace=False)

@@ -4,7 +4,7 @@ It is the pattern of Keras' own ``Dense.enable_lora`` and of
 ``torch.nn.utils.parametrize``. A *partial class* is the subclass of a Keras
 layer class whose weight is trainable only at some entries
 (``PartialConv2D`` of ``Conv2D``; :class:`PartialDense` of ``Dense``): one
-weight per layer, the one :func:`target_weight` names (the ``kernel`` or
+weight per layer, the one :func:`_target_weight` names (the ``kernel`` or
 ``embeddings``, or another such as ``recurrent_kernel``), is held by a
 :class:`~refimpl.partial.PartialWeight`:
 
@@ -31,7 +31,7 @@ imported (``PartialDense`` is written out below):
   depthwise and the pointwise kernel; ``SimpleRNNCell``, ``LSTMCell`` and
   ``GRUCell``: ``kernel`` and ``recurrent_kernel``): one of them is partial, the
   first (``depthwise_kernel``, ``kernel``) unless ``weight=`` names the other
-  (:func:`target_weight`).
+  (:func:`_target_weight`).
 
 A subclass of one of them from Keras or keras-hub (keras-hub's
 ``ReversibleEmbedding``), and keras-hub's ``PositionEmbedding``, get theirs on
@@ -59,8 +59,8 @@ import keras
 import numpy as np
 
 from refimpl import _compat, _layouts, ops
-from refimpl.masks import check_int, describe, mask_shape, to_mask
-from refimpl.ops import LAYER_MODES, check_mode, compose, mode_for, sparse_matmul
+from refimpl.masks import _check_int, _describe, _mask_shape, to_mask
+from refimpl.ops import _LAYER_MODES, _check_mode, _mode_for, compose, sparse_matmul
 from refimpl.partial import PartialWeight
 
 __all__ = [
@@ -188,14 +188,14 @@ class PartialWeightMixin:
         shape = tuple(base.shape)
         size = int(np.prod(shape))
         if mode == "auto":
-            mode = mode_for(num_free, shape, jit_compile=False)
+            mode = _mode_for(num_free, shape, jit_compile=False)
             auto = mode != "select"
             # Whole rows or columns (slices that span an axis) below half
             # a Dense or EinsumDense kernel: the benchmark's real-model rows
             # and columns.
             axes = self._partial_slice_axes()
-            if num_free < size / 2 and ops.is_matrix_product(axes):
-                sets = positions is not None and ops.rectangle(positions, shape)
+            if num_free < size / 2 and ops._is_matrix_product(axes):
+                sets = positions is not None and ops._rectangle(positions, shape)
                 if sets and any(axis is None for axis in sets):
                     mode, auto = "slices", False
             if mode == "sparse" and not self._partial_sparse_product:
@@ -219,15 +219,15 @@ class PartialWeightMixin:
         )
         self.__dict__["partial_weight"] = holder  # not a Keras-tracked attribute
         if mode == "slices" and positions is not None:
-            holder.sets = ops.rectangle(positions, shape)
+            holder.sets = ops._rectangle(positions, shape)
 
     # -- the "slices" form (refimpl.ops) --------------------------------------
     def _partial_slice_axes(self):
         """Where each kernel axis goes in the product, or None: no slices form."""
-        return ops.layer_axes(self, self._partial_target)
+        return ops._layer_axes(self, self._partial_target)
 
     def _partial_check_slices(self, positions, shape):
-        ops.check_slices(self, positions, shape, self._partial_target)
+        ops._check_slices(self, positions, shape, self._partial_target)
 
     def rematerialized_call(self, layer_call, *args, **kwargs):
         wrapped = super().rematerialized_call(layer_call, *args, **kwargs)
@@ -374,7 +374,7 @@ class PartialWeightMixin:
     # -- the way out ---------------------------------------------------------------
     @classmethod
     def _partial_plain_class(cls):
-        return next(c for c in cls.__mro__ if c in PLAIN_TO_PARTIAL)
+        return next(c for c in cls.__mro__ if c in _PLAIN_TO_PARTIAL)
 
     def _partial_record(self) -> dict:
         """What a shell of this layer needs: its free count and its form."""
@@ -546,14 +546,14 @@ def _output(layer, inputs):
         base = holder.base.value
         free = holder.free.value
         rows = holder.sets[0]
-        return keras.ops.cast(ops.row_lookup(ids, base, free, rows), dtype)
+        return keras.ops.cast(ops._row_lookup(ids, base, free, rows), dtype)
     base = keras.ops.cast(holder.base.value, dtype)
     free = keras.ops.cast(holder.free.value, dtype)
     product = _product(layer)
     if holder.mode == "slices":
         axes = layer._partial_slice_axes()
         sets = holder.sets
-        y = ops.slice_product(inputs, base, free, sets, axes, product)
+        y = ops._slice_product(inputs, base, free, sets, axes, product)
     else:
 
         def composed_product(x, base, positions, free):
@@ -612,7 +612,7 @@ def _rematerialized(layer, layer_call, wrapped):
         wrapped is layer_call
         or mode == "activations"
         or layer.partial_weight.mode != "delta"
-        or not ops.is_product(layer._partial_slice_axes())
+        or not ops._is_product(layer._partial_slice_axes())
     ):
         return wrapped
 
@@ -628,7 +628,7 @@ def _rematerialized(layer, layer_call, wrapped):
 
 
 # The partial class of each plain class.
-PLAIN_TO_PARTIAL: dict[type, type] = {}
+_PLAIN_TO_PARTIAL: dict[type, type] = {}
 # plain class: its weights that can be partial, the default first, each with
 # whether it is a plain attribute
 _SPECS: dict[type, tuple[tuple[str, bool], ...]] = {}
@@ -670,7 +670,7 @@ def _make(plain_class, targets=(("kernel", False),), on_demand=False):
         _compat.register_under(cls, _ON_DEMAND_NAME, _Loader)
     else:
         keras.saving.register_keras_serializable(package="refimpl", name=name)(cls)
-    PLAIN_TO_PARTIAL[plain_class] = cls
+    _PLAIN_TO_PARTIAL[plain_class] = cls
     return cls
 
 
@@ -758,9 +758,9 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
         rest_trainable: bool = True,
         **kwargs,
     ):
-        super().__init__(check_int(units, "units", minimum=1), **kwargs)
-        check_mode(mode, allowed=LAYER_MODES)
-        shape = None if trainable_mask is None else mask_shape(trainable_mask)
+        super().__init__(_check_int(units, "units", minimum=1), **kwargs)
+        _check_mode(mode, allowed=_LAYER_MODES)
+        shape = None if trainable_mask is None else _mask_shape(trainable_mask)
         if shape is not None and shape[1:] != (self.units,):
             raise ValueError(
                 f"`trainable_mask` must have shape [input_dim, {self.units}]. "
@@ -776,7 +776,7 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
             raise ValueError(
                 "`num_free` is only for a shell rebuilt from a config, which has "
                 "no `trainable_mask`: give one or the other. "
-                f"Received: num_free={describe(num_free)} with a trainable_mask"
+                f"Received: num_free={_describe(num_free)} with a trainable_mask"
             )
         _check_constraint(self.kernel_constraint, self.name)
         regularizer = self.kernel_regularizer
@@ -789,7 +789,7 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
         if not isinstance(rest_trainable, bool):
             raise TypeError(
                 "`rest_trainable` must be True or False. "
-                f"Received: rest_trainable={describe(rest_trainable)}"
+                f"Received: rest_trainable={_describe(rest_trainable)}"
             )
         self._partial_rest_frozen = not rest_trainable
         self._partial_given = (trainable_mask, mode)
@@ -853,7 +853,7 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
         if type(dense) is not keras.layers.Dense or not dense.built:
             raise TypeError(
                 "`dense` must be a built keras.layers.Dense. "
-                f"Received: dense={describe(dense)}"
+                f"Received: dense={_describe(dense)}"
             )
         kernel_shape = tuple(dense.kernel.shape)
         to_mask(trainable_mask, kernel_shape, name="trainable_mask")  # names it
@@ -864,7 +864,7 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
         return copy
 
 
-PLAIN_TO_PARTIAL[keras.layers.Dense] = PartialDense
+_PLAIN_TO_PARTIAL[keras.layers.Dense] = PartialDense
 _SPECS[keras.layers.Dense] = (("kernel", False),)
 
 
@@ -898,10 +898,10 @@ for _plain, _targets in (
     _make(_plain, _targets)
 
 #: The partial class of each supported Keras layer class, a read-only mapping
-#: (``PARTIAL_CLASSES[keras.layers.Dense]`` is ``PartialDense``): every class
+#: (``_PARTIAL_CLASSES[keras.layers.Dense]`` is ``PartialDense``): every class
 #: supported from the start, and a class made on first use (keras-hub's) once
 #: :func:`partial_class` has made it.
-PARTIAL_CLASSES = types.MappingProxyType(PLAIN_TO_PARTIAL)
+_PARTIAL_CLASSES = types.MappingProxyType(_PLAIN_TO_PARTIAL)
 
 
 def supported_classes() -> tuple[type, ...]:
@@ -915,7 +915,7 @@ def supported_classes() -> tuple[type, ...]:
     >>> keras.layers.Conv2D in supported_classes()
     True
     """
-    return tuple(PLAIN_TO_PARTIAL)
+    return tuple(_PLAIN_TO_PARTIAL)
 
 
 def _spec(layer_class):
@@ -931,24 +931,24 @@ def _spec(layer_class):
     return None
 
 
-def is_supported(layer_class) -> bool:
+def _is_supported(layer_class) -> bool:
     """Whether a layer class has (or can be given) a partial class.
 
     Returns:
         A Python ``bool``.
 
-    >>> from refimpl.layers.partial import is_supported
-    >>> is_supported(keras.layers.Embedding), is_supported(keras.layers.Dropout)
+    >>> from refimpl.layers.partial import _is_supported
+    >>> _is_supported(keras.layers.Embedding), _is_supported(keras.layers.Dropout)
     (True, False)
     """
     return isinstance(layer_class, type) and (
-        layer_class in PLAIN_TO_PARTIAL.values() or _spec(layer_class) is not None
+        layer_class in _PLAIN_TO_PARTIAL.values() or _spec(layer_class) is not None
     )
 
 
-def supported_names() -> list[str]:
+def _supported_names() -> list[str]:
     """The names an error message lists."""
-    names = [c.__name__ for c in PLAIN_TO_PARTIAL]
+    names = [c.__name__ for c in _PLAIN_TO_PARTIAL]
     return sorted(set(names) | {"PositionEmbedding"}, key=names.__contains__)
 
 
@@ -965,25 +965,25 @@ def partial_class(layer_class: type) -> type:
     >>> partial_class(keras.layers.Conv2D).__name__
     'PartialConv2D'
     """
-    if layer_class in PLAIN_TO_PARTIAL.values():
+    if layer_class in _PLAIN_TO_PARTIAL.values():
         return layer_class
-    if layer_class in PLAIN_TO_PARTIAL:
-        return PLAIN_TO_PARTIAL[layer_class]
+    if layer_class in _PLAIN_TO_PARTIAL:
+        return _PLAIN_TO_PARTIAL[layer_class]
     spec = _spec(layer_class) if isinstance(layer_class, type) else None
     if spec is None:
         raise TypeError(
             "`layer_class` must be one of the layers with a kernel or an "
-            f"embedding table: {supported_names()}. Received: "
-            f"{getattr(layer_class, '__name__', describe(layer_class))}"
+            f"embedding table: {_supported_names()}. Received: "
+            f"{getattr(layer_class, '__name__', _describe(layer_class))}"
         )
     return _make(layer_class, spec, on_demand=True)
 
 
-def weight_names(layer) -> tuple[str, ...]:
+def _weight_names(layer) -> tuple[str, ...]:
     """The weights of ``layer`` that can be partial, the default first.
 
-    >>> from refimpl.layers.partial import weight_names
-    >>> weight_names(keras.layers.LSTMCell(2))
+    >>> from refimpl.layers.partial import _weight_names
+    >>> _weight_names(keras.layers.LSTMCell(2))
     ('kernel', 'recurrent_kernel')
     """
     if isinstance(layer, PartialWeightMixin):
@@ -991,17 +991,17 @@ def weight_names(layer) -> tuple[str, ...]:
     return tuple(name for name, _ in _spec(type(layer)))
 
 
-def target_weight(layer, weight: str | None = None):
+def _target_weight(layer, weight: str | None = None):
     """The variable a partial form of ``layer`` freezes: its kernel (or
     embeddings), or the weight named ``weight`` (``"recurrent_kernel"``).
 
     Returns:
         The ``keras.Variable`` (the base, once ``layer`` is partial).
 
-    >>> from refimpl.layers.partial import target_weight
+    >>> from refimpl.layers.partial import _target_weight
     >>> layer = keras.layers.Embedding(3, 2, name="emb")
     >>> layer.build((None,))
-    >>> target_weight(layer).path
+    >>> _target_weight(layer).path
     'emb/embeddings'
     """
     if isinstance(layer, PartialWeightMixin) and weight in (
@@ -1034,7 +1034,7 @@ def enable_partial(
     freezes them). Compile the model again after converting. On a sub-layer
     of a layer that builds its own sub-layers (a ``MultiHeadAttention``
     projection, a keras-hub block), call
-    :func:`mark_hosts` on the model before saving, so
+    :func:`_mark_hosts` on the model before saving, so
     that it reloads; :func:`~refimpl.convert.partialize` does this itself.
 
     Args:
@@ -1076,20 +1076,20 @@ def enable_partial(
     """
     if not isinstance(layer, keras.layers.Layer):
         raise TypeError(
-            f"`layer` must be a Keras layer. Received: layer={describe(layer)}"
+            f"`layer` must be a Keras layer. Received: layer={_describe(layer)}"
         )
     if isinstance(layer, PartialWeightMixin):
         raise ValueError(
             f"`layer` is already partially trainable. Received: layer={layer.name!r}"
         )
     plain = type(layer)
-    if not is_supported(plain):
+    if not _is_supported(plain):
         raise TypeError(
-            f"`layer` must be one of {supported_names()}, "
+            f"`layer` must be one of {_supported_names()}, "
             f"whose weight this mechanism knows. Received: layer {layer.name!r} "
             f"of type {plain.__name__}"
         )
-    check_mode(mode, allowed=LAYER_MODES)
+    _check_mode(mode, allowed=_LAYER_MODES)
     if not layer.built:
         raise ValueError(
             f"`layer` must be built (call the model once). Received: {layer.name!r}"
@@ -1101,14 +1101,14 @@ def enable_partial(
             f"`layer` uses LoRA or quantization, which a partial weight does "
             f"not combine with. Received: {layer.name!r}"
         )
-    names = weight_names(layer)
+    names = _weight_names(layer)
     if weight is not None and weight not in names:
         raise ValueError(
             f"`weight` must be one of {list(names)} for layer {layer.name!r} of "
-            f"type {plain.__name__}. Received: weight={describe(weight)}"
+            f"type {plain.__name__}. Received: weight={_describe(weight)}"
         )
     weight = weight or names[0]
-    base = target_weight(layer, weight)
+    base = _target_weight(layer, weight)
     target = base.path.split("/")[-1]
     if not _splittable_regularizer(base.regularizer):
         raise ValueError(
@@ -1119,7 +1119,7 @@ def enable_partial(
         )
     _check_constraint(base.constraint, layer.name)
     bool_mask = to_mask(mask, tuple(base.shape), name="mask")
-    check_layout(layer, base, bool_mask, mode, weight)
+    _check_layout(layer, base, bool_mask, mode, weight)
     positions = np.flatnonzero(bool_mask)
     layer.__class__ = partial_class(plain)
     layer._partial_target = weight
@@ -1132,21 +1132,21 @@ def enable_partial(
         raise
 
 
-def check_layout(layer, base, mask, mode, weight=None) -> None:
+def _check_layout(layer, base, mask, mode, weight=None) -> None:
     """Refuse, before converting, what the weights of ``mode`` cannot take:
     a ``LayoutMap`` entry named for a partial weight that does not fit it,
     or a mask of other than whole slices for ``"slices"``."""
     num_free = int(np.count_nonzero(mask))
     if mode == "slices":
         positions = np.flatnonzero(to_mask(mask, tuple(base.shape), name="mask"))
-        name = weight or weight_names(layer)[0]
-        ops.check_slices(layer, positions, tuple(base.shape), name)
+        name = weight or _weight_names(layer)[0]
+        ops._check_slices(layer, positions, tuple(base.shape), name)
     if mode == "auto":
-        mode = mode_for(num_free, tuple(base.shape), jit_compile=False)
+        mode = _mode_for(num_free, tuple(base.shape), jit_compile=False)
     _layouts.check_named(layer, base, num_free, select=mode == "select")
 
 
-def make_shell(
+def _make_shell(
     layer,
     *,
     num_free: int,
@@ -1161,10 +1161,10 @@ def make_shell(
     positions come with the saved weights; :mod:`refimpl.layers.partial` says what
     a rebuilt host does to its sub-layers.
 
-    >>> from refimpl.layers.partial import make_shell
+    >>> from refimpl.layers.partial import _make_shell
     >>> layer = keras.layers.Dense(2)
     >>> layer.build((None, 3))
-    >>> make_shell(layer, num_free=2, mode="delta", auto=False)
+    >>> _make_shell(layer, num_free=2, mode="delta", auto=False)
     >>> type(layer).__name__, tuple(layer.partial_weight.free.shape)
     ('PartialDense', (2,))
     """
@@ -1188,29 +1188,29 @@ def make_shell(
 # A **host** is a layer whose config does not record its sub-layers (any layer
 # except a plain functional or ``Sequential`` model and the wrappers
 # ``TimeDistributed`` and ``Bidirectional``; a subclass of a model, such as a
-# keras-hub backbone, is a host: :func:`is_container`). A partial layer's host
-# is the outermost such layer above it, if any. :func:`mark_hosts`
+# keras-hub backbone, is a host: :func:`_is_container`). A partial layer's host
+# is the outermost such layer above it, if any. :func:`_mark_hosts`
 # gives each host a subclass of its own class (``PartialMultiHeadAttention``,
 # ``PartialGPT2Backbone``) whose config adds what its partial sub-layers need:
 # their paths, free counts and modes, and which sub-layers are frozen. Loading
 # rebuilds the plain host from its own config, then turns those sub-layers into
-# shells that the saved weights fill. :func:`unmark_hosts` gives the plain class
+# shells that the saved weights fill. :func:`_unmark_hosts` gives the plain class
 # back, as :func:`refimpl.merge <refimpl.convert.merge>` does.
 
 #: The one registered name of every host class; its loader is :class:`_Loader`.
-HOST_NAME = "refimpl>PartialHost"
+_HOST_NAME = "refimpl>PartialHost"
 
 _HOST_CLASSES: dict[type, type] = {}
 
 
-def is_container(layer) -> bool:
+def _is_container(layer) -> bool:
     """Whether ``layer``'s config holds its sub-layers' configs (and classes).
 
     Returns:
         A Python ``bool``.
 
-    >>> from refimpl.layers.partial import is_container
-    >>> is_container(keras.Sequential()), is_container(keras.layers.Dense(1))
+    >>> from refimpl.layers.partial import _is_container
+    >>> _is_container(keras.Sequential()), _is_container(keras.layers.Dense(1))
     (True, False)
     """
     return type(layer) in (
@@ -1221,7 +1221,7 @@ def is_container(layer) -> bool:
     )
 
 
-class HostMixin:
+class _HostMixin:
     """What a host class adds to its plain class: the partial sub-layers' record."""
 
     def get_config(self) -> dict:
@@ -1257,33 +1257,33 @@ class _Loader:
     @classmethod
     def from_config(cls, config):
         layer = keras.saving.deserialize_keras_object(config["layer"])
-        install(layer, config["partial"], config.get("frozen", ()))
+        _install(layer, config["partial"], config.get("frozen", ()))
         return layer
 
 
 # The one name of every host class loads in a fresh process, before any host
 # class is made there.
-keras.saving.get_custom_objects()[HOST_NAME] = _Loader
+keras.saving.get_custom_objects()[_HOST_NAME] = _Loader
 
 
-def host_class(plain: type) -> type:
+def _host_class(plain: type) -> type:
     """The host class of a layer class, made once.
 
     Every host class is registered under one name, ``refimpl>PartialHost``
     (its loader rebuilds the plain layer, then its partial sub-layers).
 
-    >>> from refimpl.layers.partial import host_class
-    >>> host = host_class(keras.layers.MultiHeadAttention)
-    >>> host.__name__, host is host_class(keras.layers.MultiHeadAttention)
+    >>> from refimpl.layers.partial import _host_class
+    >>> host = _host_class(keras.layers.MultiHeadAttention)
+    >>> host.__name__, host is _host_class(keras.layers.MultiHeadAttention)
     ('PartialMultiHeadAttention', True)
     """
-    if issubclass(plain, HostMixin):
+    if issubclass(plain, _HostMixin):
         return plain
     if plain not in _HOST_CLASSES:
         name = f"Partial{plain.__name__}"
         cls = type(
             name,
-            (HostMixin, plain),
+            (_HostMixin, plain),
             {
                 "_host_plain": plain,
                 "__module__": __name__,
@@ -1299,7 +1299,7 @@ def host_class(plain: type) -> type:
                 ),
             },
         )
-        _compat.register_under(cls, HOST_NAME, _Loader)
+        _compat.register_under(cls, _HOST_NAME, _Loader)
         _HOST_CLASSES[plain] = cls
     return _HOST_CLASSES[plain]
 
@@ -1334,7 +1334,7 @@ def _enable_lora(self, *args, **kwargs):
     return plain(self, *args, **kwargs)
 
 
-def install(layer, records, frozen=()) -> None:
+def _install(layer, records, frozen=()) -> None:
     """Make a rebuilt plain ``layer`` a host again: its sub-layers become shells."""
     by_path = {_relative(layer, sub): sub for sub in _compat.sub_layers(layer)}
     for record in records:
@@ -1349,14 +1349,14 @@ def install(layer, records, frozen=()) -> None:
                 "than when it was saved."
             )
         if not isinstance(sub, PartialWeightMixin):
-            make_shell(sub, **record)
+            _make_shell(sub, **record)
     for path in frozen:
         if path in by_path:
             by_path[path].trainable = False
-    layer.__class__ = host_class(type(layer))
+    layer.__class__ = _host_class(type(layer))
 
 
-def mark_hosts(model) -> list:
+def _mark_hosts(model) -> list:
     """Give every host of a partial layer in ``model`` its host class.
 
     ``model`` is a Keras model or layer.
@@ -1369,12 +1369,12 @@ def mark_hosts(model) -> list:
     Returns:
         The hosts it marked, outermost first.
 
-    >>> from refimpl.layers.partial import mark_hosts
+    >>> from refimpl.layers.partial import _mark_hosts
     >>> from refimpl import enable_partial
     >>> attention = keras.layers.MultiHeadAttention(2, 4, kernel_initializer="zeros")
     >>> attention.build((None, 3, 8), (None, 3, 8))
     >>> enable_partial(attention.query_dense, [[0, 0, 0]])
-    >>> [type(host).__name__ for host in mark_hosts(attention)]
+    >>> [type(host).__name__ for host in _mark_hosts(attention)]
     ['PartialMultiHeadAttention']
     """
     hosts: dict[int, object] = {}
@@ -1385,33 +1385,33 @@ def mark_hosts(model) -> list:
                 if host is not None:
                     hosts[id(host)] = host
                 continue
-            walk(child, host if host is not None or is_container(child) else child)
+            walk(child, host if host is not None or _is_container(child) else child)
 
-    walk(model, None if is_container(model) else model)
+    walk(model, None if _is_container(model) else model)
     for host in hosts.values():
-        if not isinstance(host, HostMixin):
-            host.__class__ = host_class(type(host))
+        if not isinstance(host, _HostMixin):
+            host.__class__ = _host_class(type(host))
     return list(hosts.values())
 
 
-def unmark_hosts(model) -> None:
+def _unmark_hosts(model) -> None:
     """Give every host in ``model`` (and ``model`` itself) its plain class back.
 
     Returns:
         ``None``; the hosts change class in place.
 
-    >>> from refimpl.layers.partial import mark_hosts, unmark_hosts
+    >>> from refimpl.layers.partial import _mark_hosts, _unmark_hosts
     >>> from refimpl import enable_partial
     >>> attention = keras.layers.MultiHeadAttention(2, 4, kernel_initializer="zeros")
     >>> attention.build((None, 3, 8), (None, 3, 8))
     >>> enable_partial(attention.query_dense, [[0, 0, 0]])
-    >>> _ = mark_hosts(attention)
-    >>> unmark_hosts(attention)
+    >>> _ = _mark_hosts(attention)
+    >>> _unmark_hosts(attention)
     >>> type(attention).__name__
     'MultiHeadAttention'
     """
     for layer in [model, *_compat.sub_layers(model)]:
-        if isinstance(layer, HostMixin):
+        if isinstance(layer, _HostMixin):
             layer.__class__ = layer._host_plain
 
 

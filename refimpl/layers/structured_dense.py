@@ -24,18 +24,18 @@ import numpy as np
 from keras import ops
 
 from refimpl import _compat, backend, selection
-from refimpl.masks import as_array, check_int, describe
-from refimpl.ops import initializer as _constant
+from refimpl.masks import _as_array, _check_int, _describe
+from refimpl.ops import _initializer as _constant
 from refimpl.structured import (
+    _block_sizes,
+    _check_rectangular,
+    _split_last,
     banded,
     banded_matmul,
     block,
     block_matmul,
-    block_sizes,
-    check_rectangular,
     diagonal,
     diagonal_matmul,
-    split_last,
 )
 
 __all__ = [
@@ -46,7 +46,7 @@ __all__ = [
 
 
 # -- argument checks ------------------------------------------------------------
-def dense_arguments(dense, name: str = "dense") -> tuple[np.ndarray, dict]:
+def _dense_arguments(dense, name: str = "dense") -> tuple[np.ndarray, dict]:
     """Check a built ``keras.layers.Dense``; return its kernel and layer arguments.
 
     Raises:
@@ -57,7 +57,7 @@ def dense_arguments(dense, name: str = "dense") -> tuple[np.ndarray, dict]:
     if not isinstance(dense, keras.layers.Dense) or not dense.built:
         raise TypeError(
             f"`{name}` must be a built keras.layers.Dense. Received: "
-            f"{name}={describe(dense)}"
+            f"{name}={_describe(dense)}"
         )
     for option in ("kernel_regularizer", "kernel_constraint"):
         if getattr(dense, option) is not None:
@@ -65,7 +65,7 @@ def dense_arguments(dense, name: str = "dense") -> tuple[np.ndarray, dict]:
                 f"`{name}` has a {option}, which refimpl's layers do not "
                 "carry over: their kernel is built from free values. Remove it "
                 f"(or use a bias/activity regularizer). Received: "
-                f"{option}={describe(getattr(dense, option))}"
+                f"{option}={_describe(getattr(dense, option))}"
             )
     kwargs = {
         "activation": dense.activation,
@@ -79,7 +79,7 @@ def dense_arguments(dense, name: str = "dense") -> tuple[np.ndarray, dict]:
     return keras.ops.convert_to_numpy(dense.kernel), kwargs
 
 
-def check_outside(kernel: np.ndarray, keep: np.ndarray, project: bool, what: str):
+def _check_outside(kernel: np.ndarray, keep: np.ndarray, project: bool, what: str):
     """Refuse a kernel with non-zero entries outside ``keep``, unless ``project``."""
     outside = kernel[~keep]
     if not project and outside.size and (outside != 0).any():
@@ -91,7 +91,7 @@ def check_outside(kernel: np.ndarray, keep: np.ndarray, project: bool, what: str
         )
 
 
-def copy_bias(layer, dense) -> None:
+def _copy_bias(layer, dense) -> None:
     if dense.use_bias:
         layer.bias.assign(_copy(dense.bias))
 
@@ -102,7 +102,7 @@ def _copy(value) -> np.ndarray:
     return np.array(keras.ops.convert_to_numpy(value))
 
 
-def input_dim(input_shape) -> int:
+def _input_dim(input_shape) -> int:
     n = input_shape[-1] if len(input_shape) else None
     if n is None:
         raise ValueError(
@@ -112,8 +112,8 @@ def input_dim(input_shape) -> int:
     return int(n)
 
 
-def float_array(value, name: str, *, max_ndim: int) -> np.ndarray:
-    array = as_array(value, name, kind="numeric", what="numeric").astype(np.float64)
+def _float_array(value, name: str, *, max_ndim: int) -> np.ndarray:
+    array = _as_array(value, name, kind="numeric", what="numeric").astype(np.float64)
     if array.ndim > max_ndim:
         raise ValueError(
             f"`{name}` must have at most {max_ndim} dimension(s). "
@@ -122,39 +122,39 @@ def float_array(value, name: str, *, max_ndim: int) -> np.ndarray:
     return array
 
 
-def given_sizes(sizes, count: int, name: str):
+def _given_sizes(sizes, count: int, name: str):
     if sizes is None:
         return [None] * count
     if not isinstance(sizes, (list, tuple)):
         raise TypeError(
             f"`{name}` must be a list of {count} positive ints, one per "
-            f"block {name[:3]}. Received: {name}={describe(sizes)}"
+            f"block {name[:3]}. Received: {name}={_describe(sizes)}"
         )
     if len(sizes) != count:
         raise ValueError(
             f"`{name}` must be a list of {count} positive ints, one per "
-            f"block {name[:3]}. Received: {name}={describe(sizes)}"
+            f"block {name[:3]}. Received: {name}={_describe(sizes)}"
         )
     for s in sizes:
         if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
             raise TypeError(
-                f"`{name}` must hold positive ints. Received: {name}={describe(sizes)}"
+                f"`{name}` must hold positive ints. Received: {name}={_describe(sizes)}"
             )
         if s <= 0:
             raise ValueError(
-                f"`{name}` must hold positive ints. Received: {name}={describe(sizes)}"
+                f"`{name}` must hold positive ints. Received: {name}={_describe(sizes)}"
             )
     return [int(s) for s in sizes]
 
 
-def parse_grid(blocks, row_sizes, col_sizes):
+def _parse_grid(blocks, row_sizes, col_sizes):
     """Validate a block grid; return it (arrays, None, strings) and sizes.
 
     A string entry is ``"trainable"`` or ``"fixed"`` (a fixed block whose
     values come with the saved weights); both need their sizes from the
     other blocks or from ``row_sizes``/``col_sizes``.
     """
-    check_rectangular(blocks, "blocks")
+    _check_rectangular(blocks, "blocks")
     grid = []
     for i, row in enumerate(blocks):
         grid.append([])
@@ -162,10 +162,10 @@ def parse_grid(blocks, row_sizes, col_sizes):
             if isinstance(b, str) and b not in ("trainable", "fixed"):
                 raise ValueError(
                     f"`blocks[{i}][{j}]` must be None, 'trainable', 'fixed' or "
-                    f"a 2-D array. Received: blocks[{i}][{j}]={describe(b)}"
+                    f"a 2-D array. Received: blocks[{i}][{j}]={_describe(b)}"
                 )
             if b is not None and not isinstance(b, str):
-                b = float_array(b, f"blocks[{i}][{j}]", max_ndim=2)
+                b = _float_array(b, f"blocks[{i}][{j}]", max_ndim=2)
                 if b.ndim != 2 or 0 in b.shape:
                     raise ValueError(
                         f"`blocks[{i}][{j}]` must be a non-empty 2-D array. "
@@ -173,11 +173,11 @@ def parse_grid(blocks, row_sizes, col_sizes):
                     )
             grid[-1].append(b)
     shapes = [[b.shape if isinstance(b, np.ndarray) else None for b in r] for r in grid]
-    heights, widths = block_sizes(
+    heights, widths = _block_sizes(
         shapes,
         "blocks",
-        given_sizes(row_sizes, len(grid), "row_sizes"),
-        given_sizes(col_sizes, len(grid[0]), "col_sizes"),
+        _given_sizes(row_sizes, len(grid), "row_sizes"),
+        _given_sizes(col_sizes, len(grid[0]), "col_sizes"),
         size_names=("row_sizes", "col_sizes"),
     )
     return grid, heights, widths
@@ -194,7 +194,7 @@ _NOT_FOR_STRUCTURE = (
 )
 
 
-class StructuredDense(keras.layers.Dense):
+class _StructuredDense(keras.layers.Dense):
     """A ``keras.layers.Dense`` whose kernel is built from the values of its structure.
 
     It is Dense, ``activation(x @ kernel + bias)``, with what differs
@@ -221,7 +221,7 @@ class StructuredDense(keras.layers.Dense):
     ):
         if not isinstance(use_bias, bool):
             raise TypeError(
-                f"`use_bias` must be a bool. Received: use_bias={describe(use_bias)}"
+                f"`use_bias` must be a bool. Received: use_bias={_describe(use_bias)}"
             )
         for name in _NOT_FOR_STRUCTURE:
             value = kwargs.pop(name, None)
@@ -229,7 +229,7 @@ class StructuredDense(keras.layers.Dense):
                 raise ValueError(
                     f"`{name}` does not apply to {type(self).__name__}, whose "
                     "kernel is built from the values of its structure. "
-                    f"Received: {name}={describe(value)}"
+                    f"Received: {name}={_describe(value)}"
                 )
         # Dense wants its units now; a square layer knows them when built.
         super().__init__(
@@ -385,7 +385,7 @@ class StructuredDense(keras.layers.Dense):
 
 
 @keras.saving.register_keras_serializable(package="refimpl")
-class DiagonalDense(StructuredDense):
+class DiagonalDense(_StructuredDense):
     """``y = x * w (+ b)``: a Dense layer whose kernel is ``diag(w)``, in O(n).
 
     The only kernel weight is ``diagonal`` (shape ``[n]``, ``n`` the input
@@ -434,17 +434,17 @@ class DiagonalDense(StructuredDense):
         >>> DiagonalDense.from_dense(dense).count_params()
         6
         """
-        kernel, kwargs = dense_arguments(dense)
+        kernel, kwargs = _dense_arguments(dense)
         n = _square(kernel)
-        check_outside(kernel, np.eye(n, dtype=bool), project, "diagonal")
+        _check_outside(kernel, np.eye(n, dtype=bool), project, "diagonal")
         layer = cls(**kwargs)
         layer.build((None, n))
         layer.diagonal.assign(np.diagonal(kernel))
-        copy_bias(layer, dense)
+        _copy_bias(layer, dense)
         return layer
 
     def build(self, input_shape):
-        n = input_dim(input_shape)
+        n = _input_dim(input_shape)
         self.diagonal = self.add_weight(
             name="diagonal", shape=(n,), initializer=self.kernel_initializer
         )
@@ -465,7 +465,7 @@ class DiagonalDense(StructuredDense):
 
 
 @keras.saving.register_keras_serializable(package="refimpl")
-class BandedDense(StructuredDense):
+class BandedDense(_StructuredDense):
     """A square Dense layer whose kernel is zero outside a band, in O(n*b).
 
     The kernel ``W`` (``y = x @ W``) keeps the diagonals at offsets ``-lower``
@@ -517,18 +517,18 @@ class BandedDense(StructuredDense):
         **kwargs,
     ):
         super().__init__(kernel_initializer=kernel_initializer, **kwargs)
-        self.lower = check_int(lower, "lower")
-        self.upper = check_int(upper, "upper")
+        self.lower = _check_int(lower, "lower")
+        self.upper = _check_int(upper, "upper")
         self._fixed = (
             fixed_diagonal
             if fixed_diagonal is None
             or (isinstance(fixed_diagonal, str) and fixed_diagonal == "from_weights")
-            else float_array(fixed_diagonal, "fixed_diagonal", max_ndim=1)
+            else _float_array(fixed_diagonal, "fixed_diagonal", max_ndim=1)
         )
         self.diagonal_initializer = keras.initializers.get(diagonal_initializer)
 
     def build(self, input_shape):
-        n = input_dim(input_shape)
+        n = _input_dim(input_shape)
         for name, width in (("lower", self.lower), ("upper", self.upper)):
             if width >= n:
                 raise ValueError(
@@ -598,17 +598,17 @@ class BandedDense(StructuredDense):
         >>> BandedDense.from_dense(dense, 1, 0).count_params()  # 3 + 2 + 3 bias
         8
         """
-        kernel, kwargs = dense_arguments(dense)
+        kernel, kwargs = _dense_arguments(dense)
         n = _square(kernel)
         layer = cls(lower, upper, **kwargs)
         layer.build((None, n))
-        check_outside(kernel, layer.trainable_mask, project, "band")
+        _check_outside(kernel, layer.trainable_mask, project, "band")
         layer.diagonal.assign(np.diagonal(kernel))
         if layer._off:
             layer.off_diagonals.assign(
                 np.concatenate([np.diagonal(kernel, k) for k in layer._off])
             )
-        copy_bias(layer, dense)
+        _copy_bias(layer, dense)
         return layer
 
     def _units_for(self, n):
@@ -621,7 +621,7 @@ class BandedDense(StructuredDense):
         diagonals, offsets = [main], [0]
         if self._off:
             sizes = [self._n - abs(k) for k in self._off]
-            pieces = split_last(ops.cast(self.off_diagonals, dtype), sizes)
+            pieces = _split_last(ops.cast(self.off_diagonals, dtype), sizes)
             diagonals += pieces
             offsets += self._off
         return diagonals, offsets
@@ -661,7 +661,7 @@ def _square(kernel: np.ndarray) -> int:
 
 
 @keras.saving.register_keras_serializable(package="refimpl")
-class BlockDense(StructuredDense):
+class BlockDense(_StructuredDense):
     """A Dense layer whose kernel is a grid of fixed, zero and trainable blocks.
 
     The kernel ``W`` (``y = x @ W``) is assembled like ``np.block(blocks)``;
@@ -715,12 +715,12 @@ class BlockDense(StructuredDense):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self._grid, self._heights, self._widths = parse_grid(
+        self._grid, self._heights, self._widths = _parse_grid(
             blocks, row_sizes, col_sizes
         )
 
     def build(self, input_shape):
-        n = input_dim(input_shape)
+        n = _input_dim(input_shape)
         if n != sum(self._heights):
             raise ValueError(
                 f"`input_shape` must end in the sum of the block-row heights "
@@ -789,7 +789,7 @@ class BlockDense(StructuredDense):
         >>> [w.name for w in layer.trainable_weights]
         ['block_1_1', 'bias']
         """
-        kernel, kwargs = dense_arguments(dense)
+        kernel, kwargs = _dense_arguments(dense)
         layer = cls(layout, row_sizes=row_sizes, col_sizes=col_sizes, **kwargs)
         if (sum(layer._heights), sum(layer._widths)) != kernel.shape:
             raise ValueError(
@@ -807,8 +807,8 @@ class BlockDense(StructuredDense):
                 if b is not None:
                     keep[rows[i] : rows[i + 1], cols[j] : cols[j + 1]] = True
                     getattr(layer, f"{_kind(b)}_{i}_{j}").assign(part)
-        check_outside(kernel, keep, project, "non-zero blocks")
-        copy_bias(layer, dense)
+        _check_outside(kernel, keep, project, "non-zero blocks")
+        _copy_bias(layer, dense)
         return layer
 
     def _units_for(self, n):

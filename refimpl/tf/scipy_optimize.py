@@ -22,7 +22,7 @@ backend.require_tensorflow("refimpl.tf.scipy_optimize")
 
 import tensorflow as tf  # noqa: E402
 
-from refimpl.masks import describe, mask_to_indices, normalize_shape, to_mask  # noqa: E402  # noqa: E402
+from refimpl.masks import _describe, _normalize_shape, mask_to_indices, to_mask  # noqa: E402  # noqa: E402
 
 __all__ = ["minimize"]
 
@@ -87,13 +87,13 @@ def minimize(
     if not callable(loss_fn):
         raise TypeError(
             "`loss_fn` must be a function of no arguments that returns the loss. "
-            f"Received: loss_fn={describe(loss_fn)}"
+            f"Received: loss_fn={_describe(loss_fn)}"
         )
     variables, masks = _variables_and_masks(variables, mask)
     method_key = _check_method(method)
     if options is not None and not isinstance(options, dict):
         raise TypeError(
-            f"`options` must be a dict or None. Received: {describe(options)}"
+            f"`options` must be a dict or None. Received: {_describe(options)}"
         )
     indices = [tf.constant(mask_to_indices(m), tf.int64) for m in masks]
     sizes = [int(m.sum()) for m in masks]
@@ -159,14 +159,14 @@ def _variables_and_masks(variables, mask):
     if not isinstance(var_list, (list, tuple)) or not var_list:
         raise TypeError(
             "`variables` must be a tf.Variable or a non-empty list of them. "
-            f"Received: variables={describe(variables)}"
+            f"Received: variables={_describe(variables)}"
         )
     for i, var in enumerate(var_list):
         if not isinstance(var, tf.Variable) or not var.dtype.is_floating:
             name = "variables" if single else f"variables[{i}]"
             raise TypeError(
                 f"`{name}` must be a tf.Variable of floating dtype. "
-                f"Received: {name}={describe(var)}"
+                f"Received: {name}={_describe(var)}"
             )
     if len({id(v) for v in var_list}) != len(var_list):
         raise ValueError("`variables` lists the same variable more than once.")
@@ -178,11 +178,11 @@ def _variables_and_masks(variables, mask):
         raise ValueError(
             f"With a list of {len(var_list)} variables, `mask` must be None or a "
             f"list of {len(var_list)} masks (one per variable, None for all "
-            f"free). Received: mask={describe(mask)}"
+            f"free). Received: mask={_describe(mask)}"
         )
     masks = []
     for i, (var, m) in enumerate(zip(var_list, mask_list)):
-        shape = normalize_shape(var.shape, name=f"variables[{i}].shape")
+        shape = _normalize_shape(var.shape, name=f"variables[{i}].shape")
         name = "mask" if single else f"mask[{i}]"
         masks.append(
             np.ones(shape, bool) if m is None else to_mask(m, shape, name=name)
@@ -199,7 +199,7 @@ def _check_method(method) -> str:
         raise ValueError(
             f"`method` must be one of SciPy's minimize methods that need at most "
             f"a gradient: {', '.join(known)}.{extra} Received: "
-            f"method={describe(method)}"
+            f"method={_describe(method)}"
         )
     return method.lower()
 

@@ -25,10 +25,10 @@ backend.require_tensorflow("refimpl.tf.stop_gradient")
 import tensorflow as tf  # noqa: E402
 
 from refimpl.masks import (  # noqa: E402  # noqa: E402
-    describe,
-    mask_constant,
+    _describe,
+    _mask_constant,
+    _normalize_shape,
     mask_to_indices,
-    normalize_shape,
     to_mask,
 )
 
@@ -125,7 +125,7 @@ def _static_shape(shape: tf.TensorShape) -> tuple[int, ...]:
             "`x` must have a static shape (as a weight has), because the mask "
             f"is checked against it. Received: x with shape {shape}"
         )
-    return normalize_shape(shape, name="x.shape")
+    return _normalize_shape(shape, name="x.shape")
 
 
 def _bool_mask(mask, x_shape: tf.TensorShape):
@@ -135,12 +135,12 @@ def _bool_mask(mask, x_shape: tf.TensorShape):
             raise TypeError(
                 "A symbolic `mask` must be a boolean tensor (index lists and 0/1 "
                 "masks must be static: NumPy arrays or lists). Received: "
-                f"mask={describe(mask)}"
+                f"mask={_describe(mask)}"
             )
         if mask.shape != x_shape or not x_shape.is_fully_defined():
             raise ValueError(
                 f"`mask` must have the static shape of `x`, {x_shape}. "
-                f"Received: mask={describe(mask)}"
+                f"Received: mask={_describe(mask)}"
             )
         return mask
-    return mask_constant(to_mask(mask, _static_shape(x_shape)))
+    return _mask_constant(to_mask(mask, _static_shape(x_shape)))
