@@ -65,6 +65,7 @@ from refimpl.partial import PartialWeight
 
 __all__ = [
     "PartialDense",
+    "PartialWeightMixin",
     "enable_partial",
     "partial_class",
     "supported_classes",
