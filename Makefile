@@ -2,9 +2,11 @@
 #   make book     build the HTML book into _build/html (from stored outputs)
 #   make check    lint and the fast tests (no `slow` marker), in about a minute
 #   make test     everything CI runs: lint, every test, the Keras-level tests
-#                 again under JAX (and PyTorch if installed), notebooks, strict
-#                 build, the book in a browser
-#   make backends the Keras-level tests under JAX, and under PyTorch if installed
+#                 again under JAX and PyTorch, notebooks, strict build, the book
+#                 in a browser
+#   make backends the Keras-level tests under JAX and under PyTorch (which it
+#                 installs), and the book's PyTorch recipes
+#   make torch    that PyTorch stage alone
 #   make distribution  keras.distribution tests on 8 simulated JAX devices
 #   make browser  build the book and check it in headless Chromium, offline
 #   make execute  re-run every notebook in place after editing it
@@ -27,7 +29,15 @@ export TF_CPP_MIN_LOG_LEVEL := 3
 export PYTHONHASHSEED := 0
 
 .PHONY: book check test lint unit fast notebooks check-book build-book execute bench clean
-.PHONY: browser backends distribution nightly
+.PHONY: browser backends distribution nightly torch
+
+# PyTorch for the torch stage of `make backends`, kept out of requirements.txt so
+# that `make book` stays light. pip takes the CPU wheel from TORCH_FIND_LINKS
+# where that folder exists (it installs offline then), and PyPI's build
+# otherwise; TORCH_PIP_ARGS passes pip more (another index, say).
+TORCH            ?= torch==2.13.0
+TORCH_FIND_LINKS ?= /opt/wheels
+TORCH_PIP_ARGS   ?=
 
 # MathJax for the book, served from the build (no CDN): tools/install_mathjax.py
 # fetches the pinned npm package into the git-ignored _mathjax/.
@@ -70,15 +80,23 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=10 tests --doctest-modules refimpl evidence
 
 # The Keras-level tests (marked every_backend) and refimpl's doctests on the
-# other backends; TensorFlow runs them in `unit`.
+# other backends; TensorFlow runs them in `unit`. The torch stage always runs:
+# it installs PyTorch, and REFIMPL_TORCH_TESTS=required fails a test that
+# would skip for want of it (the book's PyTorch recipes and its sentence on
+# the torch backend).
 backends: $(STAMP)
 	KERAS_BACKEND=jax $(BIN)/python -m pytest -q --durations=10 -m every_backend tests --doctest-modules refimpl
 	$(MAKE) distribution
-	@if $(BIN)/python -c "import torch" 2>/dev/null; then \
-	  KERAS_BACKEND=torch $(BIN)/python -m pytest -q -m every_backend tests --doctest-modules refimpl; \
-	else \
-	  echo "backends: PyTorch is not installed, so the torch backend was not tested (pip install torch to test it)"; \
-	fi
+	$(MAKE) torch
+
+torch: $(STAMP)
+	$(BIN)/python -m pip install --quiet \
+	  $(if $(wildcard $(TORCH_FIND_LINKS)),--find-links $(TORCH_FIND_LINKS)) \
+	  $(TORCH_PIP_ARGS) "$(TORCH)"
+	KERAS_BACKEND=torch REFIMPL_TORCH_TESTS=required \
+	  $(BIN)/python -m pytest -q --durations=10 -m every_backend tests --doctest-modules refimpl
+	REFIMPL_TORCH_TESTS=required $(BIN)/python -m pytest -q \
+	  tests/test_torch_recipes.py tests/test_book_backends.py
 
 # keras.distribution on 8 simulated JAX devices: a mesh fixes its devices when
 # JAX starts, so these tests run in a process of their own.

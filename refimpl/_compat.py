@@ -14,7 +14,7 @@ what is missing, never as a deep ``AttributeError`` in a user's model:
   ``clone_model`` can rebuild (keras-hub's models subclass it);
 * the variable behind a weight property (:func:`own_weight`), a layer's
   direct sub-layers (:func:`child_layers`), removing a variable
-  (:func:`untrack_variable`), a ``RematScope``'s mode (:func:`remat_mode`),
+  (:func:`untrack_variable`), a ``RematScope``'s mode (:func:`remat_scope`),
   a causal convolution's padding (:func:`causal_padding`), and an optimizer's
   variables and their keys (:func:`optimizer_variables`,
   :func:`variable_key`);
@@ -60,7 +60,7 @@ __all__ = [
     "optimizer_variables",
     "own_weight",
     "register_under",
-    "remat_mode",
+    "remat_scope",
     "require_loaded",
     "shell_initializer",
     "sub_layers",
@@ -206,9 +206,10 @@ def causal_padding(layer):
     return _attribute(layer, "_compute_causal_padding")()
 
 
-def remat_mode(layer) -> str | None:
-    """The mode of the ``keras.RematScope`` a layer was built in, or ``None``."""
-    return getattr(getattr(layer, "_remat_mode", None), "mode", None)
+def remat_scope(layer):
+    """The ``keras.RematScope`` a layer was built in (its ``mode``,
+    ``layer_names``, ``output_size_threshold``), or ``None``."""
+    return getattr(layer, "_remat_mode", None)
 
 
 def class_config(cls) -> dict:

@@ -126,7 +126,7 @@ def regrow(model, data, *, fraction, loss=None, batches=1, batch_size=32, start=
             compiled, or one loss per output; a model with no trainable
             partial layer, or one in the ``"slices"`` form; or an optimizer
             whose state cannot be reset per entry (one not named in
-            :mod:`refimpl.drop_and_grow`'s choices, such as Adafactor or a
+            :mod:`refimpl.callbacks`' choices, such as Adafactor or a
             subclass of your own).
 
     >>> from refimpl.callbacks import regrow
@@ -307,6 +307,8 @@ class DropAndGrow(keras.callbacks.Callback):
             else _check_int(train_after, "train_after")
         )
         self.stop_after, self.loss = stop_after, loss
+        if loss is not None:
+            _loss_of(None, loss)  # a loss Keras does not know: refused now
         self.history, self._seen, self._epoch, self._fitting = [], 0, 0, False
 
     def _step(self) -> int:
@@ -429,7 +431,13 @@ def _loss_of(model, loss):
             "`loss` must be one loss for the model's output: pass it explicitly "
             f"for a model with several outputs. Received: loss={_describe(loss)}"
         )
-    return keras.losses.get(loss)
+    try:
+        return keras.losses.get(loss)
+    except (ValueError, TypeError):
+        raise ValueError(
+            "`loss` must be a Keras loss: a name such as 'mse', a loss object "
+            f"or a function. Received: loss={_describe(loss)}"
+        ) from None
 
 
 # -- the optimizer's state of one variable, entry by entry ------------------
@@ -444,11 +452,18 @@ def _updater(optimizer, variable):
 
 
 def _known(optimizer) -> bool:
-    """Whether ``optimizer`` is exactly one of the Keras optimizers of the table."""
-    name = type(optimizer).__name__
-    return name in _compat.OPTIMIZER_SLOTS and getattr(
-        keras.optimizers, name, None
-    ) is type(optimizer)
+    """Whether ``optimizer`` is one of the Keras optimizers of the table: that
+    class itself, or the backend's own form of it that Keras makes (under
+    PyTorch, ``keras.optimizers.Adam`` builds a ``torch_adam.Adam``), never a
+    class of another package that shares the name."""
+    cls = type(optimizer)
+    public = getattr(keras.optimizers, cls.__name__, None)
+    return (
+        cls.__name__ in _compat.OPTIMIZER_SLOTS
+        and isinstance(public, type)
+        and issubclass(cls, public)
+        and cls.__module__.split(".")[0] == "keras"
+    )
 
 
 def _check_optimizer(optimizer, variable) -> None:

@@ -65,7 +65,10 @@ def partialize(
     the chosen layers' biases (:func:`trainable_summary` lists what trains),
     unless ``train``
     names them. Weights and structure are unchanged: before training, the
-    outputs equal the original's bit for bit. An elementwise kernel regularizer
+    outputs equal the original's bit for bit (under PyTorch, an ``LSTM`` or
+    ``GRU`` layer that is frozen but not converted is the exception: PyTorch
+    rounds a frozen one's product by its inputs differently, as it does for
+    ``layer.trainable = False`` in plain Keras). An elementwise kernel regularizer
     (L1, L2) now penalizes the free entries alone. The free entries' gradients
     are unchanged; the loss that ``fit`` reports is lower by the frozen
     entries' share of the penalty.
@@ -137,6 +140,10 @@ def partialize(
         raise TypeError(
             "`layer_masks` must be a dict from a layer name or weight path to a mask "
             f"or a policy. Received: layer_masks={_describe(layer_masks)}"
+        )
+    if not isinstance(summary, bool):
+        raise TypeError(
+            f"`summary` must be True or False. Received: {_describe(summary)}"
         )
     if not isinstance(in_place, bool):
         raise TypeError(
@@ -446,6 +453,12 @@ def trainable_summary(model, *, print_fn=None) -> list[dict]:
             "`print_fn` must be callable, such as print. "
             f"Received: print_fn={_describe(print_fn)}"
         )
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            f"`model` must be a Keras model. Received: model={_describe(model)}"
+        )
+    if not model.built:
+        raise ValueError(f"`model` must be built. Received: {model.name!r}, not built")
     rows = []
     for pw in partial_weights(model):
         if pw.free.trainable:

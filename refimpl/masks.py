@@ -38,12 +38,11 @@ array as an index list.)
 Masks are static: they fix the *structure* of a model, so they are plain NumPy
 values, known when the graph is traced.
 
-This module also holds refimpl's argument checks, one validator each, so
-every error message about a user's argument reads alike: :func:`_describe`
-shows a received value without printing an array, :func:`_check_int` checks
-an integer argument, :func:`_normalize_shape` a shape, and the
-``(variable, mask)`` pairs of every ``masks=`` argument are matched to the
-variables being trained by :func:`_pair_masks`.
+This module also holds refimpl's own argument checks (private), one
+validator each, so every error message about a user's argument reads alike:
+how a received value is shown, an integer argument, a shape, and the
+``(variable, mask)`` pairs of every ``masks=`` argument matched to the
+variables being trained.
 """
 
 from __future__ import annotations

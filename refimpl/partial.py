@@ -4,20 +4,22 @@ A weight trainable only at some entries is three variables on a Keras layer:
 
 * the frozen **base** (non-trainable): the layer's own weight (a partial
   layer's ``kernel`` or ``embeddings``) or a weight of its own (a
-  :class:`~refimpl.PartialVariable`);
+  :class:`~refimpl.variable.PartialVariable`);
 * the **free** values (trainable): ``k`` values in the order of the
   positions, or, in the ``"select"`` form, a weight of the base's shape;
 * the **positions** (non-trainable, int32, int64 above 2**31 entries): the
   free entries' flat row-major positions.
 
 Every partial weight refimpl makes holds one :class:`PartialWeight` with
-those members: the partial layers (made by :func:`refimpl.partialize`,
-:func:`refimpl.enable_partial` or :class:`refimpl.PartialDense`) as
-``layer.partial_weight``, and a :class:`~refimpl.PartialVariable` as
-``pv.partial_weight`` (whose own members are the same). So the trained-entries
-file, ``DropAndGrow``, :func:`~refimpl.convert.trainable_summary`,
-:func:`refimpl.merge` and ``keras.distribution`` layouts see every partial
-weight of a model, through :func:`partial_weights`.
+those members: the partial layers (made by
+:func:`~refimpl.convert.partialize`,
+:func:`~refimpl.layers.partial.enable_partial` or
+:class:`~refimpl.layers.partial.PartialDense`) as ``layer.partial_weight``,
+and a :class:`~refimpl.variable.PartialVariable` as ``pv.partial_weight``
+(whose own members are the same). So the trained-entries file,
+``DropAndGrow``, :func:`~refimpl.convert.trainable_summary`,
+:func:`~refimpl.convert.merge` and ``keras.distribution`` layouts see every
+partial weight of a model, through :func:`partial_weights`.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ class PartialWeight:
     """A weight trainable only at some entries: the base, free values and positions.
 
     You do not build one yourself: a partial layer and a
-    :class:`~refimpl.PartialVariable` each hold one, as ``.partial_weight``.
+    :class:`~refimpl.variable.PartialVariable` each hold one, as ``.partial_weight``.
 
     Attributes:
         owner: the Keras layer whose variables these are.
@@ -181,12 +183,27 @@ class PartialWeight:
     # -- what it is ----------------------------------------------------------
     @property
     def path(self) -> str:
-        """The base variable's path (``"dense/kernel"``): the weight's name in files."""
+        """The base variable's path (``"dense/kernel"``).
+
+        >>> import refimpl
+        >>> layer = keras.layers.Dense(2, name="dense")
+        >>> layer.build((None, 3))
+        >>> refimpl.enable_partial(layer, [[0, 1]])
+        >>> layer.partial_weight.path
+        'dense/kernel'
+        """
         return self.base.path
 
     @property
     def mask(self) -> np.ndarray:
-        """The boolean mask of the full shape (``True`` = trainable)."""
+        """The boolean mask of the full shape (``True`` = trainable).
+
+        >>> import refimpl
+        >>> pv = refimpl.PartialVariable(np.zeros((2, 2), "float32"), [[1, 0]])
+        >>> pv.partial_weight.mask.astype(int)
+        array([[0, 0],
+               [1, 0]])
+        """
         self.check_loaded()
         mask = np.zeros(int(np.prod(self.shape)), bool)
         mask[backend.read_now(self.positions)] = True
@@ -194,7 +211,15 @@ class PartialWeight:
 
     @property
     def indices(self) -> np.ndarray:
-        """The ``[k, rank]`` int64 positions of the free values, in their order."""
+        """The ``[k, rank]`` int64 positions of the free values, in their order.
+
+        >>> import refimpl
+        >>> w = np.zeros((2, 3), "float32")
+        >>> pv = refimpl.PartialVariable(w, [[1, 2], [0, 1]])
+        >>> pv.partial_weight.indices
+        array([[0, 1],
+               [1, 2]])
+        """
         self.check_loaded()
         flat = backend.read_now(self.positions).astype(np.int64)
         return np.stack(np.unravel_index(flat, self.shape), axis=-1)
@@ -231,6 +256,13 @@ class PartialWeight:
             base: the base's value as the caller reads it (a layer passes its
                 own variable, autocast inside its ``call``); by default
                 ``self.base.value``.
+
+        >>> import refimpl
+        >>> pv = refimpl.PartialVariable(np.ones((2, 2), "float32"), [[0, 1]])
+        >>> _ = pv.free.assign([5.0])
+        >>> keras.ops.convert_to_numpy(pv.partial_weight.value())
+        array([[1., 5.],
+               [1., 1.]], dtype=float32)
         """
         self.check_loaded()
         base = self.base.value if base is None else base
@@ -251,13 +283,25 @@ class PartialWeight:
             compiles the code being traced and at least
             :data:`~refimpl.ops.SPARSE_BELOW_DENSITY_XLA` of the entries are
             free (the two forms hold the same weights).
+
+        >>> import refimpl
+        >>> pv = refimpl.PartialVariable(np.ones((2, 2), "float32"), [[0, 1]])
+        >>> pv.partial_weight.product_mode()
+        'delta'
         """
         if not self.auto or not xla_enabled():
             return self.mode
         return _mode_for(self.num_free, self.shape, jit_compile=True)
 
     def folded(self) -> np.ndarray:
-        """The full trained tensor as a new NumPy array (what ``merge`` writes)."""
+        """The full trained tensor as a new NumPy array (what ``merge`` writes).
+
+        >>> import refimpl
+        >>> pv = refimpl.PartialVariable(np.ones((1, 3), "float32"), [[0, 0]])
+        >>> _ = pv.free.assign([3.0])
+        >>> pv.partial_weight.folded()
+        array([[3., 1., 1.]], dtype=float32)
+        """
         return np.array(keras.ops.convert_to_numpy(self.value()))
 
     def __repr__(self) -> str:
@@ -270,7 +314,7 @@ class PartialWeight:
 def partial_weights(model) -> list[PartialWeight]:
     """Every partial weight of ``model`` (or a layer), at any depth, in layer order.
 
-    The partial layers' and each :class:`~refimpl.PartialVariable`'s, in a
+    The partial layers' and each :class:`~refimpl.variable.PartialVariable`'s, in a
     layer of your own included.
 
     >>> import refimpl
@@ -281,8 +325,12 @@ def partial_weights(model) -> list[PartialWeight]:
     >>> [(pw.path, pw.num_free) for pw in partial_weights(converted)]
     [('net/d/kernel', 1)]
     """
-    layers = [model] if isinstance(model, keras.layers.Layer) else []
-    layers += _compat.sub_layers(model)
+    if not isinstance(model, keras.layers.Layer):
+        raise TypeError(
+            "`model` must be a Keras model or layer. Received: "
+            f"model={type(model).__name__}"
+        )
+    layers = [model, *_compat.sub_layers(model)]
     found = []
     for layer in layers:
         holder = layer.__dict__.get("partial_weight")

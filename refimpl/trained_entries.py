@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections import Counter
 
 import keras
@@ -106,7 +107,11 @@ def _weights(model) -> list[tuple[str, object, object]]:
     the layer whose own weight it is (``model`` for a weight of its own). The
     config copy that ``partialize`` makes has the same layers with the same
     names, so the same paths, even where Keras gives its variables shorter
-    ones (those of a wrapped or nested layer lose the parent's name).
+    ones (those of a wrapped or nested layer lose the parent's name). A
+    sub-layer that a layer holds as an attribute under a name Keras made up
+    (``partial_variable_1``, ``dense_3``: an unnamed ``PartialVariable`` or
+    ``Dense`` in a layer of your own) is named by that attribute instead,
+    since a copy of the model makes up other names.
     """
     below = {}
 
@@ -127,10 +132,24 @@ def _weights(model) -> list[tuple[str, object, object]]:
                 seen.add(id(variable))
                 found.append((prefix + variable.name, variable, layer))
         for child in children:
-            visit(child, f"{prefix}{child.name}/")
+            visit(child, f"{prefix}{_child_name(layer, child)}/")
 
     visit(model, "")
     return found
+
+
+def _child_name(parent, child) -> str:
+    """``child``'s name in a path: its own, or, where Keras made that name up,
+    the attribute of ``parent`` that holds it."""
+    # Keras' default name: the class name in snake case, then "_1", "_2"...
+    snake = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", type(child).__name__)
+    snake = re.sub(r"([a-z])([A-Z])", r"\1_\2", snake).lower()
+    made_up = re.fullmatch(re.escape(snake) + r"(_\d+)?", child.name)
+    if made_up:
+        for attribute, value in vars(parent).items():
+            if value is child and not attribute.startswith("_"):
+                return attribute
+    return child.name
 
 
 def _legacy_path(model, variable) -> str:

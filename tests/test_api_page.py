@@ -7,6 +7,9 @@ its value as a percentage, ``{data}`~refimpl.ops.SPARSE_BELOW_DENSITY`
 from the constant itself: change a constant without updating the page and
 this test fails. A percentage written anywhere else on the page, away from
 its role, would escape that check, so none may be.
+
+The page's own ``>>>`` examples (in ```` ```python ```` blocks, outside the
+docstrings, which run as refimpl's doctests) run here as shown.
 """
 
 from __future__ import annotations
@@ -87,3 +90,34 @@ def test_a_changed_threshold_fails(monkeypatch, name):
     monkeypatch.setattr(ops, name, getattr(ops, name) * 0.8)
     with pytest.raises(AssertionError, match="update the page"):
         test_threshold_value_is_on_the_page(name)
+
+
+# -- the page's own examples ---------------------------------------------------
+_EXAMPLE = re.compile(r"^```python\n(>>> .*?)^```", re.M | re.S)
+
+
+def page_examples(text: str) -> list[str]:
+    """The ``>>>`` examples the page writes itself (outside the docstrings)."""
+    return _EXAMPLE.findall(text)
+
+
+def test_the_page_examples_are_found():
+    assert page_examples("```python\n>>> 1 + 1\n2\n```\n") == [">>> 1 + 1\n2\n"]
+    assert page_examples(API_PAGE.read_text())
+
+
+@pytest.mark.parametrize("index", range(len(page_examples(API_PAGE.read_text()))))
+def test_a_page_example_runs_as_shown(index):
+    # As the page's conventions say: after `import keras` and `import numpy as np`.
+    import doctest
+
+    import keras
+    import numpy as np
+
+    source = page_examples(API_PAGE.read_text())[index]
+    test = doctest.DocTestParser().get_doctest(
+        source, {"keras": keras, "np": np}, f"api.md example {index}", str(API_PAGE), 0
+    )
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    runner.run(test)
+    assert runner.failures == 0, f"api.md's example {index} does not run as shown"

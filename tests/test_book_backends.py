@@ -3,17 +3,33 @@
 The page runs the exact optax recipes; the ways that are not exact, which it
 names in a sentence, are checked here. It shows a PyTorch recipe it cannot run
 (PyTorch is not among the book's requirements); the test below runs that very
-code block, read from the page, wherever PyTorch is installed.
+code block, read from the page, wherever PyTorch is installed. The page says
+that its fine-tune runs under ``KERAS_BACKEND=torch`` too: a test runs the
+page's own cells in a process on that backend. ``make backends`` installs
+PyTorch and sets ``REFIMPL_TORCH_TESTS=required``, where a missing PyTorch
+fails these tests instead of skipping them.
 """
 
 import json
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-PAGE = pathlib.Path(__file__).resolve().parents[1] / "chapters" / "08_backends.ipynb"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PAGE = ROOT / "chapters" / "08_backends.ipynb"
+
+
+def _torch():
+    if os.environ.get("REFIMPL_TORCH_TESTS") == "required":
+        import torch
+
+        return torch
+    return pytest.importorskip("torch", reason="PyTorch is not installed")
 
 
 def _setup():
@@ -89,7 +105,7 @@ def test_the_page_shows_one_pytorch_recipe():
 
 
 def test_the_pytorch_parametrization_keeps_the_fixed_entries_under_adamw_decay():
-    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    torch = _torch()
     torch.manual_seed(0)
     namespace: dict = {}
     exec(_shown_python_blocks()[0], namespace)
@@ -107,3 +123,52 @@ def test_the_pytorch_parametrization_keeps_the_fixed_entries_under_adamw_decay()
     moved = layer.weight.detach() != before
     assert not moved[~mask].any()
     assert moved[mask].all()
+
+
+def _cells() -> list[dict]:
+    return json.loads(PAGE.read_text())["cells"]
+
+
+def _fine_tune_code() -> str:
+    """The page's setup cell and the code cells of its fine-tune section."""
+    cells = _cells()
+    setup = next(
+        c
+        for c in cells
+        if c["cell_type"] == "code" and "KERAS_BACKEND" in "".join(c["source"])
+    )
+    start = next(
+        i
+        for i, c in enumerate(cells)
+        if "".join(c["source"]).startswith("## Train a partially trainable model")
+    )
+    section = []
+    for cell in cells[start + 1 :]:
+        if cell["cell_type"] != "code":
+            break
+        section.append("".join(cell["source"]))
+    assert len(section) >= 2, "the fine-tune section has lost its code"
+    return "\n".join(["".join(setup["source"]), *section])
+
+
+def test_the_page_says_its_fine_tune_runs_under_pytorch():
+    text = "".join(_cells()[1]["source"])
+    assert "KERAS_BACKEND=torch" in text and "does not run" not in text
+
+
+def test_the_pages_fine_tune_runs_under_pytorch_and_keeps_the_frozen_entries():
+    _torch()
+    # The page sets KERAS_BACKEND=jax itself; the process runs it on torch.
+    code = _fine_tune_code().replace('"jax"  #', '"torch"  #')
+    assert 'os.environ["KERAS_BACKEND"] = "torch"' in code
+    done = subprocess.run(
+        [sys.executable, "-c", code + "\nprint(keras.backend.backend())"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.split("\n")
+    assert "frozen entries kept their bits" in done.stdout
+    assert [line for line in lines if line][-1] == "torch"

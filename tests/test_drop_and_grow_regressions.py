@@ -95,6 +95,10 @@ def test_a_bad_train_after_is_refused(value, error):
         refimpl.DropAndGrow((X, Y), train_after=value)
 
 
+@pytest.mark.skipif(
+    keras.backend.backend() == "torch",
+    reason="Keras refuses steps_per_execution > 1 on the PyTorch backend",
+)
 def test_steps_per_execution_updates_after_the_execution_that_reaches_a_multiple():
     model = _model()
     model.compile(keras.optimizers.Adam(0.01), "mse", steps_per_execution=2)
@@ -277,3 +281,8 @@ def test_a_multi_optimizer_is_looked_through():
     for attribute, value, _ in state:
         np.testing.assert_array_equal(_numpy(value)[grown], 0.0, err_msg=attribute)
         assert (_numpy(value)[~grown] != 0).all(), attribute
+
+
+def test_an_unknown_loss_is_refused_when_the_callback_is_made():
+    with pytest.raises(ValueError, match="`loss` must be a Keras loss.*nope"):
+        refimpl.DropAndGrow((X, Y), loss="nope")

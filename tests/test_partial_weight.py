@@ -164,3 +164,37 @@ def test_drop_and_grow_moves_a_partial_variable_in_a_users_layer():
     assert record["path"].endswith("w")
     assert len(record["grown"]) == 1 and variable.num_free == ROWS.sum()
     assert (variable.mask != before).sum() == 2  # one dropped, one grown
+
+
+class Unnamed(keras.layers.Layer):
+    """A layer of your own whose PartialVariable has no name of its own."""
+
+    def build(self, input_shape):
+        self.w = refimpl.PartialVariable(KERNEL, ROWS)
+
+    def call(self, x):
+        return self.w.matmul(x)
+
+
+def test_the_file_of_an_unnamed_partial_variable_loads_onto_the_plain_model(
+    tmp_path,
+):
+    # partialize's copy gives the PartialVariable another made-up name
+    # (partial_variable_1): the file names it by the attribute that holds it.
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, Unnamed(name="mine")(inputs))
+    tuned = refimpl.partialize(model, {}, train=["mine"])
+    tuned.get_layer("mine").w.free.assign([2.0, 3.0, 4.0])
+    saved = refimpl.save_partial_weights(tuned, tmp_path / "mine.npz")
+    assert saved["partial"] == {"mine/w/base": 3}
+    refimpl.load_partial_weights(model, tmp_path / "mine.npz")
+    x = np.ones((2, 4), "float32")
+    np.testing.assert_array_equal(
+        model.predict(x, verbose=0), tuned.predict(x, verbose=0)
+    )
+
+
+@pytest.mark.parametrize("call", [refimpl.trainable_summary, partial_weights])
+def test_a_model_that_is_not_a_keras_object_is_a_type_error(call):
+    with pytest.raises(TypeError, match="`model` must be a Keras model"):
+        call("model")

@@ -106,8 +106,25 @@ def _is_symbolic(value) -> bool:
     return False
 
 
+def _read_as_trained(value, like=None):
+    """``value`` as the backend multiplies a weight that trains; ``value``
+    itself where the product does not depend on that (TensorFlow, JAX: see
+    the PyTorch backend's).
+
+    >>> v = keras.Variable([1.0])
+    >>> _read_as_trained(v) is v
+    True
+    """
+    return value
+
+
 def _in_xla_context() -> bool:
-    """Whether the code being traced is compiled by XLA; never where no XLA runs."""
+    """Whether the code being traced is compiled by XLA; never where no XLA runs
+    (eagerly, XLA compiles nothing under TensorFlow or PyTorch; JAX always).
+
+    >>> in_xla_context() == (name == "jax")
+    True
+    """
     return False
 
 
@@ -151,6 +168,7 @@ def variable_gradients(model, loss_of_outputs, x, variables) -> list:
 is_variable = getattr(_impl, "is_variable", _is_variable)
 is_symbolic = getattr(_impl, "is_symbolic", _is_symbolic)
 in_xla_context = getattr(_impl, "in_xla_context", _in_xla_context)
+read_as_trained = getattr(_impl, "read_as_trained", _read_as_trained)
 
 
 def require_tensorflow(what: str) -> None:

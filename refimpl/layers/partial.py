@@ -4,8 +4,8 @@ It is the pattern of Keras' own ``Dense.enable_lora`` and of
 ``torch.nn.utils.parametrize``. A *partial class* is the subclass of a Keras
 layer class whose weight is trainable only at some entries
 (``PartialConv2D`` of ``Conv2D``; :class:`PartialDense` of ``Dense``): one
-weight per layer, the one :func:`_target_weight` names (the ``kernel`` or
-``embeddings``, or another such as ``recurrent_kernel``), is held by a
+weight per layer (the ``kernel`` or ``embeddings``, or another such as
+``recurrent_kernel``), is held by a
 :class:`~refimpl.partial.PartialWeight`:
 
 * the layer's own weight stays where it is, as the frozen **base**
@@ -31,7 +31,7 @@ imported (``PartialDense`` is written out below):
   depthwise and the pointwise kernel; ``SimpleRNNCell``, ``LSTMCell`` and
   ``GRUCell``: ``kernel`` and ``recurrent_kernel``): one of them is partial, the
   first (``depthwise_kernel``, ``kernel``) unless ``weight=`` names the other
-  (:func:`_target_weight`).
+  (``enable_partial``'s ``weight=``).
 
 A subclass of one of them from Keras or keras-hub (keras-hub's
 ``ReversibleEmbedding``), and keras-hub's ``PositionEmbedding``, get theirs on
@@ -53,12 +53,13 @@ import functools
 import gc
 import importlib
 import inspect
+import math
 import types
 
 import keras
 import numpy as np
 
-from refimpl import _compat, _layouts, ops
+from refimpl import _compat, _layouts, backend, ops
 from refimpl.masks import _check_int, _describe, _mask_shape, to_mask
 from refimpl.ops import _LAYER_MODES, _check_mode, _mode_for, compose, sparse_matmul
 from refimpl.partial import PartialWeight
@@ -103,7 +104,8 @@ def _composing(plain_class, target, attribute: bool = False):
             except KeyError:
                 raise AttributeError(target) from None
             if self._partial_target != target:
-                return value  # another weight of the layer is the partial one
+                # another weight of the layer is the partial one
+                return self._partial_other(target, value)
             return self._partial_value(value)
 
         def fset(self, value):
@@ -114,7 +116,9 @@ def _composing(plain_class, target, attribute: bool = False):
 
     def fget(self):
         value = inherited.fget(self)
-        return value if self._partial_target != target else self._partial_value(value)
+        if self._partial_target != target:
+            return self._partial_other(target, value)
+        return self._partial_value(value)
 
     return property(fget, doc=doc)
 
@@ -170,13 +174,27 @@ class PartialWeightMixin:
     _partial_on_demand = False
     # Whether `call` has a sparse product (only a Dense's does).
     _partial_sparse_product = False
+    # The other weights that Keras multiplies a whole sequence by (an LSTM's
+    # or a GRU's input kernel): frozen, they are read as trainable ones.
+    _partial_read_as_trained: tuple = ()
 
     # -- the weight the layer's call reads ----------------------------------
     def _partial_value(self, value):
         holder = self.__dict__.get("partial_weight")
         if holder is None:
             return value
-        return holder.value(value.value if hasattr(value, "value") else value)
+        value = holder.value(value.value if hasattr(value, "value") else value)
+        return backend.read_as_trained(value, like=holder.base)
+
+    def _partial_other(self, name, variable):
+        """Another weight the layer's call reads (a cell's input kernel beside
+        its partial recurrent kernel): one that PyTorch multiplies differently
+        once frozen (``refimpl.backend.read_as_trained`` says why) is read as
+        the plain layer's trainable weight.
+        """
+        if name in self._partial_read_as_trained:
+            return backend.read_as_trained(variable)
+        return variable
 
     def _partial_base(self):
         if self._partial_attributes.get(self._partial_target, False):
@@ -234,7 +252,7 @@ class PartialWeightMixin:
         wrapped = super().rematerialized_call(layer_call, *args, **kwargs)
         if self.__dict__.get("partial_weight") is None:
             return wrapped
-        return _rematerialized(self, layer_call, wrapped)
+        return _rematerialized(self, layer_call, wrapped, args, kwargs)
 
     def build(self, input_shape):
         super().build(input_shape)
@@ -359,6 +377,16 @@ class PartialWeightMixin:
 
         Raises:
             ValueError: always, naming the layer and what to do instead.
+
+        >>> from refimpl import enable_partial
+        >>> layer = keras.layers.Dense(2)
+        >>> layer.build((None, 3))
+        >>> enable_partial(layer, [[0, 0]])
+        >>> try:
+        ...     layer.enable_lora(2)
+        ... except ValueError as err:
+        ...     print(str(err).split(":")[0])
+        LoRA cannot be enabled on a partially trainable layer
         """
         raise ValueError(
             "LoRA cannot be enabled on a partially trainable layer: its "
@@ -558,7 +586,8 @@ def _output(layer, inputs):
     else:
 
         def composed_product(x, base, positions, free):
-            return product(x, compose(base, positions, free))
+            kernel = backend.read_as_trained(compose(base, positions, free), like=base)
+            return product(x, kernel)
 
         positions = holder.positions.value
         y = keras.remat(composed_product)(inputs, base, positions, free)
@@ -600,20 +629,52 @@ def _product_call(plain_class):
     return None  # a call of its own: left to it
 
 
-def _rematerialized(layer, layer_call, wrapped):
+def _keras_rematerializes(layer, args, kwargs) -> bool:
+    """Whether Keras recomputes ``layer``'s whole call in the backward pass.
+
+    Keras' own decision, read off the ``RematScope`` the layer was made under,
+    as ``Layer.rematerialized_call`` takes it: ``"full"`` recomputes every
+    layer, ``"list_of_layers"`` the layers it names, ``"larger_than"`` a layer
+    whose outputs have more entries than the threshold; ``"activations"``
+    recomputes the activation alone. Not from what Keras returns: Keras 3.16
+    wraps every call that gets ``training`` (to keep it static), recomputed
+    or not.
+
+    >>> with keras.RematScope(mode="list_of_layers", layer_names=["b"]):
+    ...     a, b = keras.layers.Dense(2, name="a"), keras.layers.Dense(2, name="b")
+    >>> _keras_rematerializes(a, (), {}), _keras_rematerializes(b, (), {})
+    (False, True)
+    """
+    scope = _compat.remat_scope(layer)
+    kind = getattr(scope, "mode", None)
+    if kind == "full":
+        return True
+    if kind == "list_of_layers":
+        return layer.name in scope.layer_names
+    if kind == "larger_than":
+        spec = layer.compute_output_spec(*args, **kwargs)
+        size = sum(
+            math.prod(d or 1 for d in x.shape)
+            for x in keras.tree.flatten(spec)
+            if isinstance(x, keras.KerasTensor)
+        )
+        return size > scope.output_size_threshold
+    return False
+
+
+def _rematerialized(layer, layer_call, wrapped, args, kwargs):
     """What ``Layer.rematerialized_call`` returns for a partial layer.
 
-    ``wrapped`` is Keras' answer: ``layer_call`` itself when the layer is not
-    rematerialized. Otherwise a partial ``Dense`` or ``EinsumDense`` in the
-    ``"delta"`` form recomputes its own product instead (see the module
-    docstring); other layers and Keras' ``"activations"`` mode keep Keras'.
+    ``wrapped`` is Keras' answer for ``layer_call`` called with ``args`` and
+    ``kwargs``. A partial ``Dense`` or ``EinsumDense`` in the ``"delta"`` form
+    that Keras recomputes (:func:`_keras_rematerializes`) recomputes its own
+    product instead (see the module docstring); other layers, and every
+    layer Keras does not recompute, keep Keras' answer.
     """
-    mode = _compat.remat_mode(layer)
     if (
-        wrapped is layer_call
-        or mode == "activations"
-        or layer.partial_weight.mode != "delta"
+        layer.partial_weight.mode != "delta"
         or not ops._is_product(layer._partial_slice_axes())
+        or not _keras_rematerializes(layer, args, kwargs)
     ):
         return wrapped
 
@@ -640,6 +701,13 @@ _BY_NAME = {
     ),
 }
 _ON_DEMAND_NAME = "refimpl>PartialLayer"
+# The weights a class's layer multiplies a whole sequence by, under Keras'
+# PyTorch backend (its LSTM and GRU, on the CPU): read as trainable when
+# frozen beside a partial weight (PartialWeightMixin._partial_other).
+_READ_AS_TRAINED = {
+    keras.layers.LSTMCell: ("kernel",),
+    keras.layers.GRUCell: ("kernel",),
+}
 
 
 def _make(plain_class, targets=(("kernel", False),), on_demand=False):
@@ -649,6 +717,14 @@ def _make(plain_class, targets=(("kernel", False),), on_demand=False):
         "_partial_target": targets[0][0],
         "_partial_attributes": dict(targets),
         "_partial_on_demand": on_demand,
+        "_partial_read_as_trained": next(
+            (
+                names
+                for c, names in _READ_AS_TRAINED.items()
+                if issubclass(plain_class, c)
+            ),
+            (),
+        ),
         "__module__": __name__,
         "__qualname__": name,
         "__doc__": (
@@ -1032,11 +1108,11 @@ def enable_partial(
     outputs do not change. Unlike :func:`~refimpl.convert.partialize`, this
     freezes nothing else: the layer's bias and other weights keep training
     (:meth:`layer.freeze_rest() <refimpl.layers.partial.PartialWeightMixin.freeze_rest>`
-    freezes them). Compile the model again after converting. On a sub-layer
+    freezes them). Compile the model again after converting. For a sub-layer
     of a layer that builds its own sub-layers (a ``MultiHeadAttention``
-    projection, a keras-hub block), call
-    :func:`_mark_hosts` on the model before saving, so
-    that it reloads; :func:`~refimpl.convert.partialize` does this itself.
+    projection, a keras-hub block), convert the model with
+    :func:`~refimpl.convert.partialize` instead, which also records such
+    sub-layers in the model's config, so that the saved model reloads.
 
     Args:
         layer: a built layer of a supported class (not already partial).
@@ -1190,7 +1266,7 @@ def _make_shell(
 # except a plain functional or ``Sequential`` model and the wrappers
 # ``TimeDistributed`` and ``Bidirectional``; a subclass of a model, such as a
 # keras-hub backbone, is a host: :func:`_is_container`). A partial layer's host
-# is the outermost such layer above it, if any. :func:`_mark_hosts`
+# is the outermost such layer above it, if any. ``_mark_hosts``
 # gives each host a subclass of its own class (``PartialMultiHeadAttention``,
 # ``PartialGPT2Backbone``) whose config adds what its partial sub-layers need:
 # their paths, free counts and modes, and which sub-layers are frozen. Loading
