@@ -28,6 +28,7 @@ import keras
 import numpy as np
 
 from refimpl import _compat, _layouts, backend
+from refimpl.masks import _describe
 from refimpl.ops import (
     _index_dtype,
     _initializer,
@@ -328,7 +329,7 @@ def partial_weights(model) -> list[PartialWeight]:
     if not isinstance(model, keras.layers.Layer):
         raise TypeError(
             "`model` must be a Keras model or layer. Received: "
-            f"model={type(model).__name__}"
+            f"model={_describe(model)}"
         )
     layers = [model, *_compat.sub_layers(model)]
     found = []
