@@ -386,6 +386,17 @@ def _normalize_shape(shape, *, name: str = "shape") -> tuple[int, ...]:
     return tuple(dims)
 
 
+def _matching_paths(path: str, paths) -> list[int]:
+    """The indices of ``paths`` equal to ``path``; where none is, those that end
+    in it or that it ends in (a model's name in front, or not)."""
+    found = [i for i, own in enumerate(paths) if own == path]
+    return found or [
+        i
+        for i, own in enumerate(paths)
+        if own.endswith("/" + path) or path.endswith("/" + own)
+    ]
+
+
 def _variable_path(variable) -> str:
     """A variable's path (``"dense/kernel"``), the one name refimpl shows for it."""
     return str(getattr(variable, "path", None) or variable.name).removesuffix(":0")

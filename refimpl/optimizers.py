@@ -42,6 +42,7 @@ from refimpl.masks import (
     _check_pairs,
     _describe,
     _mask_constant,
+    _matching_paths,
     _pair_masks,
     _variable_pairs,
     _variable_path,
@@ -579,13 +580,7 @@ def _find_path(path: str, var_list) -> int:
     index is never trusted: variables may come in another order.)
     """
     paths = [_variable_path(v) for v in var_list]
-    found = [i for i, own in enumerate(paths) if own == path]
-    if not found:
-        found = [
-            i
-            for i, own in enumerate(paths)
-            if own.endswith("/" + path) or path.endswith("/" + own)
-        ]
+    found = _matching_paths(path, paths)
     if len(found) > 1:
         raise ValueError(
             f"The saved MaskedOptimizer masks the variable '{path}', and "

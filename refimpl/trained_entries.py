@@ -40,7 +40,7 @@ import ml_dtypes  # noqa: F401  (Keras' own dependency: names bfloat16 for NumPy
 import numpy as np
 
 from refimpl import _compat
-from refimpl.masks import _describe, _variable_path
+from refimpl.masks import _describe, _matching_paths, _variable_path
 from refimpl.partial import partial_weights
 
 __all__ = ["load_partial_weights", "save_partial_weights"]
@@ -142,9 +142,12 @@ def _child_name(parent, child) -> str:
     """``child``'s name in a path: its own, or, where Keras made that name up,
     the attribute of ``parent`` that holds it."""
     # Keras' default name: the class name in snake case, then "_1", "_2"...
-    snake = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", type(child).__name__)
-    snake = re.sub(r"([a-z])([A-Z])", r"\1_\2", snake).lower()
-    made_up = re.fullmatch(re.escape(snake) + r"(_\d+)?", child.name)
+    # (of the plain class too: a partial layer keeps the name it had).
+    made_up = False
+    for cls in type(child).__mro__:
+        snake = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", cls.__name__)
+        snake = re.sub(r"([a-z])([A-Z])", r"\1_\2", snake).lower()
+        made_up = made_up or re.fullmatch(re.escape(snake) + r"(_\d+)?", child.name)
     if made_up:
         for attribute, value in vars(parent).items():
             if value is child and not attribute.startswith("_"):
@@ -208,11 +211,9 @@ def _find(model, names: list, version: int, path: str) -> dict:
     for name in names:
         pairs = exact.get(name, [])
         _check_unique([(name, v, layer) for v, layer in pairs], {name})
-        pairs = pairs or [
-            (variable, layer)
-            for own, variable, layer in weights
-            if own.endswith("/" + name) or name.endswith("/" + own)
-        ]
+        if not pairs:
+            near = _matching_paths(name, [own for own, _, _ in weights])
+            pairs = [weights[i][1:] for i in near]
         if len(pairs) > 1:
             raise ValueError(
                 f"The file at `path` has {name!r}, and `model` has no weight at "

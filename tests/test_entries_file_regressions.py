@@ -221,7 +221,8 @@ NESTED = {
     "bidirectional": (
         _bidirectional,
         "bi",
-        {"bi/forward_lstm/lstm_cell/kernel", "bi/backward_lstm/lstm_cell/kernel"},
+        # The cell, named by Keras, goes by the attribute that holds it.
+        {"bi/forward_lstm/cell/kernel", "bi/backward_lstm/cell/kernel"},
     ),
     "nested_sequential": (_nested, "d_in", {"enc/d_in/kernel"}),
 }
