@@ -237,6 +237,10 @@ class PartialWeightMixin:
             names=("partial_free", "partial_positions"),
         )
         self.__dict__["partial_weight"] = holder  # not a Keras-tracked attribute
+        # The variables as attributes too: what tf.train.Checkpoint names them by.
+        with _compat.unlocked(self):
+            self._partial_free = holder.free
+            self._partial_positions = holder.positions
         if mode == "slices" and positions is not None:
             holder.sets = ops._rectangle(positions, shape)
 
@@ -318,6 +322,14 @@ class PartialWeightMixin:
                 f"`{name}` of a partial layer moved in refimpl 3.0: use "
                 f"`layer.partial_weight.{_MOVED_MEMBERS[name]}`."
             )
+        if name == "partial_weight":  # made when the layer is built
+            raise AttributeError(
+                "Build the layer before reading `partial_weight`. "
+                f"Received: {self.name!r}, not built"
+            )
+        for cls in type(self).__mro__:  # a property that raised: its own error
+            if isinstance(cls.__dict__.get(name), property):
+                return cls.__dict__[name].fget(self)
         parent = getattr(super(), "__getattr__", None)  # torch.nn.Module's
         if parent is None:
             raise AttributeError(
@@ -443,6 +455,9 @@ class PartialWeightMixin:
         base = holder.base
         for variable in (holder.free, holder.positions):
             _compat.untrack_variable(self, variable)
+        for name in ("_partial_free", "_partial_positions"):
+            # Keras' Layer.__delattr__ without its gc.collect() per variable.
+            super(keras.layers.Layer, self).__delattr__(name)
         for name in (
             "partial_weight",
             "_partial_shell",
