@@ -224,7 +224,10 @@ def test_products_work_inside_tf_function():
             lambda: banded([tf.ones(0)], [2]), ValueError, "|k| < n", id="band_empty"
         ),
         pytest.param(
-            lambda: banded([tf.ones(3)], [0.5]), TypeError, "ints", id="band_float"
+            lambda: banded([tf.ones(3)], [0.5]),
+            TypeError,
+            "`offsets` must be an int",
+            id="band_float",
         ),
         pytest.param(
             lambda: banded([tf.ones(3)], [0, 1]), ValueError, "same", id="band_count"
