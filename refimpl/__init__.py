@@ -114,6 +114,8 @@ _MOVED_IN_2 = {
 }
 _MOVED_IN_3 = {
     "trainability": "refimpl.convert (trainable_summary)",
+    "drop_and_grow": "refimpl.callbacks",
+    "files": "refimpl.trained_entries",
 }
 _MOVED = {
     **{name: ("2.0", new) for name, new in _MOVED_IN_2.items()},

@@ -149,7 +149,9 @@ def _child_name(parent, child) -> str:
         snake = re.sub(r"([a-z])([A-Z])", r"\1_\2", snake).lower()
         made_up = made_up or re.fullmatch(re.escape(snake) + r"(_\d+)?", child.name)
     if made_up:
-        for attribute, value in vars(parent).items():
+        # A torch backend's layer keeps its sub-layers in `_modules`.
+        held = {**vars(parent), **vars(parent).get("_modules", {})}
+        for attribute, value in held.items():
             if value is child and not attribute.startswith("_"):
                 return attribute
     return child.name

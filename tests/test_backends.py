@@ -318,7 +318,7 @@ def _key(variable) -> str:
 
 
 def assert_same_partial_state(weights: dict, kernel, loaded, layer="dense"):
-    """``loaded`` holds the state ``weights`` (by path) and ``kernel`` _describe.
+    """``loaded`` holds the state ``weights`` (by path) and ``kernel`` describe.
 
     A partial layer saves every variable as it is, so every weight, the base
     included, and the composed kernel come back bit for bit.
