@@ -308,9 +308,6 @@ class PartialWeightMixin:
             ):
                 variable.trainable = False
 
-    def _partial_check_loaded(self):
-        self.partial_weight.check_loaded()
-
     def set_weights(self, weights):
         super().set_weights(weights)
         self.partial_weight.check_loaded(again=True)
