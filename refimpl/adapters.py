@@ -571,10 +571,11 @@ def predict(model, x, adapters, *, batch_size: int | None = None):
     group's rows): the same result, a pass per group.
 
     Each row's output equals ``use(model, adapters[i])`` then
-    ``model.predict``: to float32 rounding for an adapted ``Dense`` or
-    ``EinsumDense`` (``base·x + D·x`` is summed in another order than the
-    composed kernel's product), bit for bit for the rows of the base and
-    through an ``Embedding``. Each batch's layout (the adapters and their
+    ``model.predict``: to float32 rounding (``rtol=1e-5``) through an
+    adapted ``Dense`` or ``EinsumDense`` (``x @ base + x @ D`` is summed in
+    another order than the composed kernel's product ``x @ (base + D)``, and
+    XLA may round a row in a batch of another size otherwise), bit for bit
+    through an adapted ``Embedding`` (a lookup). Each batch's layout (the adapters and their
     row counts) is compiled once, by ``model.predict``, and reused.
 
     Args:

@@ -288,9 +288,9 @@ def test_a_mixed_batch_gives_each_row_its_adapters_output(tasks, batch_size):
     names = ["a", None, "b", "c", "a", "b", None, "c", "b", "a", "a", None]
     mixed = adapters.predict(model, IDS, names, batch_size=batch_size)
     want = _row_by_row(model, names)
+    # float32 rounding: a row's sum runs in another order (and XLA may round
+    # a row of a batch of 12 otherwise than a batch of 1).
     np.testing.assert_allclose(mixed, want, rtol=1e-5, atol=1e-6)
-    base_rows = [i for i, n in enumerate(names) if n is None]
-    np.testing.assert_array_equal(mixed[base_rows], want[base_rows])
     assert adapters.active(model) == "c"
     np.testing.assert_array_equal(_predict(model), tasks["c"][1])
 
