@@ -201,12 +201,26 @@ class AdapterTable:
         if key not in self._cache:
             positions = self.arrays(name)[0]
             width = _matrix(self.layer)[1]
+            rows, cols = positions // width, positions % width
             self._cache[key] = {
                 "positions": positions.astype("int32"),
-                "rows": (positions // width).astype("int32"),
-                "cols": (positions % width).astype("int32"),
+                "rows": rows.astype("int32"),
+                "cols": cols.astype("int32"),
+                **_by_column(rows, cols, width),
             }
         return self._cache[key]
+
+
+def _by_column(rows, cols, width) -> dict:
+    """The entries in column order (stable): ``by_column`` (their indices in
+    the positions' order), ``rows_sorted``, ``cols_sorted``, and ``width``."""
+    order = np.argsort(cols, kind="stable").astype("int32")
+    return {
+        "by_column": order,
+        "rows_sorted": rows[order].astype("int32"),
+        "cols_sorted": cols[order].astype("int32"),
+        "width": int(width),
+    }
 
 
 def _constant(array):
@@ -324,22 +338,37 @@ def mixed_output(layer, inputs):
         positions = keras.ops.convert_to_tensor(static["positions"])
         delta = values - keras.ops.take(flat_base, positions)
         x = keras.ops.reshape(inputs[start:stop], (-1, rows))
-        picked = keras.ops.take(
-            keras.ops.transpose(x), keras.ops.convert_to_tensor(static["rows"]), axis=0
-        )
-        added = keras.ops.segment_sum(
-            picked * keras.ops.expand_dims(delta, -1),
-            keras.ops.convert_to_tensor(static["cols"]),
-            num_segments=cols,
-        )
         correction = keras.ops.reshape(
-            keras.ops.transpose(added), keras.ops.shape(y_rows)
+            _sparse_product(x, delta, static), keras.ops.shape(y_rows)
         )
         pieces.append(y_rows + correction)
     y = pieces[0] if len(pieces) == 1 else keras.ops.concatenate(pieces, axis=0)
     if layer.bias is not None:
         y = keras.ops.add(y, keras.ops.cast(layer.bias, dtype))
     return layer.activation(y) if layer.activation is not None else y
+
+
+def _sparse_product(x, delta, static):
+    """``x @ D`` for ``D`` with ``delta`` at the static positions, O(rows·k):
+    the rows of ``xᵀ`` the entries need (each a contiguous copy), times
+    their entries, summed into their columns by a ``segment_sum`` over
+    column-sorted entries."""
+    order = keras.ops.convert_to_tensor(static["by_column"])
+    picked = keras.ops.take(
+        keras.ops.transpose(x),
+        keras.ops.convert_to_tensor(static["rows_sorted"]),
+        axis=0,
+    )
+    delta = keras.ops.take(delta, order)
+    added = keras.ops.segment_sum(
+        picked * keras.ops.expand_dims(delta, -1),
+        keras.ops.convert_to_tensor(static["cols_sorted"]),
+        num_segments=static["width"],
+        # JAX's scatter is faster on sorted indices; TensorFlow's sorted
+        # segment sum takes no `num_segments`.
+        sorted=keras.backend.backend() == "jax",
+    )
+    return keras.ops.transpose(added)
 
 
 def _embedding_rows(layer, adapters, holder, ids, dtype):

@@ -426,7 +426,7 @@ def remove(model, name: str) -> None:
     >>> try:
     ...     adapters.remove(model, "a")
     ... except ValueError as err:
-    ...     print(str(err)[:39])
+    ...     print(str(err)[:38])
     `name` must name an adapter of `model`
     """
     _check_model(model)
@@ -575,8 +575,9 @@ def predict(model, x, adapters, *, batch_size: int | None = None):
     adapted ``Dense`` or ``EinsumDense`` (``x @ base + x @ D`` is summed in
     another order than the composed kernel's product ``x @ (base + D)``, and
     XLA may round a row in a batch of another size otherwise), bit for bit
-    through an adapted ``Embedding`` (a lookup). Each batch's layout (the adapters and their
-    row counts) is compiled once, by ``model.predict``, and reused.
+    through an adapted ``Embedding`` (a lookup). Each batch's layout (the
+    adapters and their row counts) is compiled once, by ``model.predict``,
+    and reused.
 
     Args:
         model: a model with adapters.
