@@ -53,6 +53,12 @@ def table(layer):
     return layer.__dict__.get("adapter_table")
 
 
+class NotRowMajor(ValueError):
+    """A layer of the mixed pass got inputs whose first axis is not the
+    batch's rows (a ``TimeDistributed`` layer folds time into it): the
+    caller switches adapters group by group instead."""
+
+
 def mixed(layer) -> bool:
     """Whether ``layer``'s ``call`` belongs to :func:`mixed_output` now."""
     return _PASS is not None and "adapter_table" in layer.__dict__
@@ -316,6 +322,12 @@ def mixed_output(layer, inputs):
     adapters = layer.__dict__["adapter_table"]
     holder = layer.partial_weight
     dtype = layer.compute_dtype
+    rows_in_pass = _PASS[-1][2] if _PASS else 0
+    if inputs.shape[0] is not None and int(inputs.shape[0]) != rows_in_pass:
+        raise NotRowMajor(
+            f"Layer {layer.name!r} got {inputs.shape[0]} rows in a batch of "
+            f"{rows_in_pass}: its inputs' first axis is not the batch's rows."
+        )
     if kind == "embedding":
         return _embedding_rows(layer, adapters, holder, inputs, dtype)
     base = keras.ops.cast(holder.base.value, dtype)

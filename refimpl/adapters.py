@@ -171,6 +171,7 @@ def _changed(model) -> None:
     _uncompile(model)
     model.predict_function = model.test_function = model.train_function = None
     model.__dict__.pop(_CACHE, None)
+    model.__dict__.pop(_CACHE + "_off", None)
 
 
 # -- load ----------------------------------------------------------------------
@@ -566,9 +567,10 @@ def predict(model, x, adapters, *, batch_size: int | None = None):
     kernel-sized delta); an adapted ``Embedding`` looks the base table up
     and writes each adapter's entries into its rows' tokens. The outputs
     come back in the rows' order. Any other adapted layer (a convolution, a
-    keras-hub ``ReversibleEmbedding``, ...) makes the whole call switch
-    adapters group by group (:func:`use`, then ``model.predict`` on the
-    group's rows): the same result, a pass per group.
+    keras-hub ``ReversibleEmbedding``, ...), or one whose inputs' first axis
+    is not the batch's rows (inside a ``TimeDistributed``), makes the whole
+    call switch adapters group by group (:func:`use`, then ``model.predict``
+    on the group's rows): the same result, a pass per group.
 
     Each row's output equals ``use(model, adapters[i])`` then
     ``model.predict``: to float32 rounding (``rtol=1e-5``) through an
@@ -642,9 +644,15 @@ def predict(model, x, adapters, *, batch_size: int | None = None):
     sort = np.argsort([rank[a] for a in adapters], kind="stable")
     sorted_names = [adapters[i] for i in sort]
     tables = _tables(model)
-    if not tables or all(_adapter_table.supports_mixed(t.layer) for t in tables):
-        outputs = _mixed(model, x, sort, sorted_names, batch_size, tables)
-    else:
+    outputs = None
+    mixable = not model.__dict__.get(_CACHE + "_off", False)
+    if mixable and all(_adapter_table.supports_mixed(t.layer) for t in tables):
+        try:
+            outputs = _mixed(model, x, sort, sorted_names, batch_size, tables)
+        except _adapter_table.NotRowMajor:
+            model.__dict__[_CACHE] = {}  # never mixed: group by group
+            model.__dict__[_CACHE + "_off"] = True
+    if outputs is None:
         outputs = _group_by_group(model, x, sort, sorted_names, batch_size)
     inverse = np.empty_like(sort)
     inverse[sort] = np.arange(len(sort))

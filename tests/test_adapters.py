@@ -344,6 +344,43 @@ def test_a_layer_without_a_mixed_product_switches_group_by_group(tmp_path):
     np.testing.assert_array_equal(adapters.predict(model, x, names), np.stack(want))
 
 
+def test_a_layer_whose_rows_are_not_the_batchs_switches_group_by_group(tmp_path):
+    # TimeDistributed folds time into the first axis (under TensorFlow).
+    def pretrained():
+        keras.utils.set_random_seed(0)
+        return keras.Sequential(
+            [
+                keras.Input((3, 4)),
+                keras.layers.TimeDistributed(keras.layers.Dense(2, name="d"), name="t"),
+            ]
+        )
+
+    x = RNG.normal(size=(6, 3, 4)).astype("float32")
+    for name, seed in (("a", 1), ("b", 2)):
+        tuned = refimpl.partialize(pretrained(), {"d": _random(0.5, seed)})
+        pw = refimpl.partial.partial_weights(tuned)[0]
+        pw.free.assign(pw.free + 1.0)
+        refimpl.save_partial_weights(tuned, tmp_path / f"{name}.npz")
+    model = pretrained()
+    adapters.load(model, tmp_path / "a.npz", "a")
+    adapters.load(model, tmp_path / "b.npz", "b")
+    names = ["b", "a", None, "a", "b", "b"]
+    want = []
+    for i, name in enumerate(names):
+        adapters.use(model, name)
+        want.append(_numpy(model.predict(x[i : i + 1], verbose=0))[0])
+    adapters.use(model, None)
+    got = adapters.predict(model, x, names)
+    np.testing.assert_allclose(got, np.stack(want), rtol=1e-5, atol=1e-6)
+
+
+def test_a_quantized_base_is_refused(tasks):
+    model = _pretrained()
+    model.quantize("int8")
+    with pytest.raises(ValueError, match="quantized"):
+        adapters.load(model, tasks["a"][0], "a")
+
+
 def test_mixed_batch_arguments_are_checked(tasks):
     model = _with_adapters({"a": tasks["a"]})
     with pytest.raises(ValueError, match="one name per row"):
