@@ -49,6 +49,14 @@ the base's where it has none. So :func:`use` assigns the ``k`` free values
 (no new model, no new trace), and the forward pass is the partial layer's
 own. The adapters' weights are the layer's weights: a model saved as
 ``.keras`` reloads with every adapter and the active one.
+
+The rest of refimpl sees the active adapter: :func:`refimpl.merge
+<refimpl.convert.merge>` gives the plain model of the active adapter (the
+others are dropped), and :func:`refimpl.save_partial_weights
+<refimpl.trained_entries.save_partial_weights>` saves it (at the union of the
+adapters' positions, the base's values where it has none).
+:func:`refimpl.load_partial_weights
+<refimpl.trained_entries.load_partial_weights>` refuses a model with adapters.
 """
 
 from __future__ import annotations
