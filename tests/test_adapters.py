@@ -97,13 +97,17 @@ def _predict(model):
 # -- load and use --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("onto", ["plain", "converted"])
+@pytest.mark.parametrize("onto", ["plain", "converted", "converted_select"])
 def test_each_adapter_predicts_its_fine_tune_bit_for_bit_in_any_order(tasks, onto):
     model = _pretrained()
     if onto == "converted":
         model = refimpl.partialize(model, TASKS["a"])
+    if onto == "converted_select":  # the select form keeps its form
+        model = refimpl.partialize(model, TASKS["a"], mode="select")
     base = _predict(_pretrained())
     _with_adapters(tasks, model)
+    if onto == "converted_select":
+        assert model.get_layer("hidden").partial_weight.mode == "select"
     assert adapters.names(model) == ["a", "b", "c"]
     assert adapters.active(model) is None
     np.testing.assert_array_equal(_predict(model), base)
