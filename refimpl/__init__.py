@@ -124,6 +124,7 @@ _MOVED = {
 
 # Submodules a user imports, loaded with the package.
 from refimpl import (  # noqa: E402, F401
+    adapters,
     backend,
     masks,
     ops,

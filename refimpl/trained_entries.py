@@ -396,24 +396,11 @@ def load_partial_weights(model, path) -> None:
     """
     _check_model(model)
     path = _check_path(path, "load_partial_weights")
-    with np.load(path, allow_pickle=False) as data:
-        arrays = {key: data[key] for key in data.files}
-    try:
-        header = json.loads(arrays.pop("header").tobytes().decode())
-        assert header["format"] == _FORMAT
-        version = header["version"]
-    except (KeyError, ValueError, AssertionError):
-        raise ValueError(
-            f"`path` is not a file of `save_partial_weights`. Received: {path!r}"
-        ) from None
-    if version not in (1, 2, 3):
-        raise ValueError(
-            f"The file at `path` has format version {version!r}, and this refimpl "
-            f"reads versions 1 to 3: upgrade refimpl. Received: path={path!r}"
-        )
+    header, arrays, version = _open(path)
     names = [r["path"] for r in header["partial"]] + list(header["full"])
     found = _find(model, names, version, path)
     bases = {id(pw.base): pw for pw in partial_weights(model)}
+    _refuse_combining(model, header, found, bases, path)
     writes = []
     for i, record in enumerate(header["partial"]):
         variable, _ = found[record["path"]]
@@ -457,6 +444,7 @@ def load_partial_weights(model, path) -> None:
                 f"Received: path={path!r}"
             )
         writes.append((variable, None, None, None, value))
+    _remember(model, header, found, writes)
     for variable, pw, base, positions, values in writes:
         if positions is None:
             variable.assign(values)
@@ -473,3 +461,129 @@ def load_partial_weights(model, path) -> None:
             merged = base.reshape(-1).copy()
             merged[positions] = values
             variable.assign(merged.reshape(base.shape))
+
+
+def _open(path: str) -> tuple[dict, dict, int]:
+    """``(header, arrays, version)`` of a file of :func:`save_partial_weights`."""
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {key: data[key] for key in data.files}
+    try:
+        header = json.loads(arrays.pop("header").tobytes().decode())
+        assert header["format"] == _FORMAT
+        version = header["version"]
+    except (KeyError, ValueError, AssertionError):
+        raise ValueError(
+            f"`path` is not a file of `save_partial_weights`. Received: {path!r}"
+        ) from None
+    if version not in (1, 2, 3):
+        raise ValueError(
+            f"The file at `path` has format version {version!r}, and this refimpl "
+            f"reads versions 1 to 3: upgrade refimpl. Received: path={path!r}"
+        )
+    return header, arrays, version
+
+
+# -- One file on one model: entries already applied are not combined -----------
+# A model that a file was loaded onto remembers what the file wrote: each
+# layer written to keeps, in its ``__dict__`` (not a Keras-tracked attribute),
+# each weight written and a fingerprint of what it held before, so a model
+# that holds the layer (a task model around a backbone) sees it too. Another
+# file that would leave some of those entries in place (a weight it does not
+# write, still holding the first file's values) is refused: the model would
+# be neither fine-tune. So is a file that leaves in place the trained entries
+# of a partial weight it does not name (free values that differ from the
+# base). Restoring the base by hand
+# (``set_weights``) makes the model plain again, and any file loads.
+
+_APPLIED = "_refimpl_applied_entries"
+
+
+def _applied(model, header, found, bases) -> list[str]:
+    """Paths of ``model``'s weights that hold entries a file wrote or training
+    moved, and that the file of ``header`` (whose weights are ``found``) would
+    leave in place."""
+    written = {id(variable) for variable, _ in found.values()}
+    named_partial = {id(found[r["path"]][0]) for r in header["partial"]}
+    named_whole = {id(found[name][0]) for name in header["full"]}
+    left = []
+    memory = _memory(model)
+    for path, variable, kind, before in memory:
+        if kind == "partial" and id(variable) in named_partial:
+            continue  # its positions and free values are all replaced
+        if kind == "whole" and id(variable) in named_whole:
+            continue  # replaced whole
+        if kind == "partial":
+            pw = bases.get(id(variable))
+            if pw is not None and _moved(pw):
+                left.append(path)
+        elif _fingerprint(_numpy(variable)) != before:
+            left.append(path)
+    remembered = {id(entry[1]) for entry in memory}
+    for pw in bases.values():
+        key = id(pw.base)
+        if key in written or key in remembered:
+            continue
+        if _moved(pw):
+            left.append(pw.path)
+    return left
+
+
+def _moved(pw) -> bool:
+    """Whether a partial weight's free values differ from its base."""
+    pw.check_loaded()
+    base = _numpy(pw.base).reshape(-1)
+    positions = _numpy(pw.positions).astype(np.int64)
+    free = _numpy(pw.free).reshape(-1)
+    if pw.mode == "select":
+        free = free[positions]
+    return not np.array_equal(free, base[positions])
+
+
+def _refuse_combining(model, header, found, bases, path) -> None:
+    """Refuse a file that would silently combine with entries already applied."""
+    if any(
+        "adapter_table" in layer.__dict__
+        for layer in [model, *_compat.sub_layers(model)]
+    ):
+        raise ValueError(
+            "`model` holds named adapters (`refimpl.adapters`): add this file "
+            "with `refimpl.adapters.load(model, path, name)` and switch with "
+            f"`refimpl.adapters.use`. Received: path={path!r}"
+        )
+    left = _applied(model, header, found, bases)
+    if left:
+        raise ValueError(
+            f"`model` already holds trained entries that the file at `path` "
+            f"would leave in place, in {left[:5]}"
+            + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+            + ": loading it would silently combine the two fine-tunes, giving "
+            "neither. To serve several fine-tunes of one base, load each as a "
+            "named adapter with `refimpl.adapters.load(model, path, name)` "
+            "and switch with `refimpl.adapters.use(model, name)`; to apply "
+            "this one alone, load it onto the pretrained model (restore the "
+            f"base first, or load it afresh). Received: path={path!r}"
+        )
+
+
+def _memory(model) -> list:
+    """What earlier files wrote into ``model``'s layers (:func:`_remember`)."""
+    found = []
+    for layer in [model, *_compat.sub_layers(model)]:
+        found.extend(layer.__dict__.get(_APPLIED, ()))
+    return found
+
+
+def _remember(model, header, found, writes) -> None:
+    """Record in ``model``'s layers what the file is about to write."""
+    for layer in [model, *_compat.sub_layers(model)]:
+        layer.__dict__.pop(_APPLIED, None)
+    paths = [r["path"] for r in header["partial"]] + list(header["full"])
+    for name, (variable, pw, base, positions, _) in zip(paths, writes):
+        if positions is None:
+            entry = (name, variable, "whole", _fingerprint(_numpy(variable)))
+        elif pw is not None:
+            entry = (name, pw.base, "partial", None)
+        else:
+            entry = (name, variable, "merged", _fingerprint(base))
+        layer = found[name][1]
+        layer.__dict__.setdefault(_APPLIED, []).append(entry)

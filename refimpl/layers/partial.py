@@ -59,7 +59,7 @@ import types
 import keras
 import numpy as np
 
-from refimpl import _compat, _layouts, backend, ops
+from refimpl import _adapter_table, _compat, _layouts, backend, ops
 from refimpl.masks import _check_int, _describe, _mask_shape, to_mask
 from refimpl.ops import _LAYER_MODES, _check_mode, _mode_for, compose, sparse_matmul
 from refimpl.partial import PartialWeight
@@ -263,6 +263,7 @@ class PartialWeightMixin:
         shell = getattr(self, "_partial_shell", None)
         if shell is not None:
             self._partial_add_weights(shell[0], None, shell[1], shell[2])
+            _adapter_table.build_shell(self)
             if getattr(self, "_partial_rest_frozen", False):
                 self.freeze_rest()
 
@@ -311,6 +312,7 @@ class PartialWeightMixin:
     def set_weights(self, weights):
         super().set_weights(weights)
         self.partial_weight.check_loaded(again=True)
+        _adapter_table.forget(self)
 
     def __getattr__(self, name):
         # Reached only for a name the layer does not have.
@@ -343,6 +345,7 @@ class PartialWeightMixin:
 
     def load_own_variables(self, store):
         keras.layers.Layer.load_own_variables(self, store)
+        _adapter_table.forget(self)
         self.partial_weight.check_loaded(again=True)
 
     def get_config(self) -> dict:
@@ -361,6 +364,7 @@ class PartialWeightMixin:
             config["target"] = self._partial_target
         if self._partial_on_demand:
             config["plain_class"] = _compat.class_config(self._partial_plain_class())
+        _adapter_table.add_record(self, config)
         return config
 
     @classmethod
@@ -369,7 +373,9 @@ class PartialWeightMixin:
         shell = (config.pop("num_free"), config.pop("mode"), config.pop("auto"))
         rest_trainable = config.pop("rest_trainable", True)
         target = config.pop("target", cls._partial_target)
+        adapters = _adapter_table.pop_record(config)
         layer = super().from_config(config)
+        layer.__dict__["_adapter_shell"] = adapters
         layer._partial_target = target
         layer._partial_shell = shell
         layer._partial_rest_frozen = not rest_trainable
@@ -416,11 +422,13 @@ class PartialWeightMixin:
 
     def _partial_record(self) -> dict:
         """What a shell of this layer needs: its free count and its form."""
-        return {
+        record = {
             "target": self._partial_target,
             **self.partial_weight.record(),
             "rest_trainable": not getattr(self, "_partial_rest_frozen", False),
         }
+        _adapter_table.add_record(self, record)
+        return record
 
     def fold(self) -> None:
         """Turn this layer back into its plain class, in place, bit for bit.
@@ -450,6 +458,7 @@ class PartialWeightMixin:
         holder.check_loaded()
         value = keras.ops.convert_to_numpy(getattr(self, self._partial_target))
         base = holder.base
+        _adapter_table.drop(self)
         for variable in (holder.free, holder.positions):
             _compat.untrack_variable(self, variable)
         for name in ("_partial_free", "_partial_positions"):
@@ -491,9 +500,12 @@ class PartialWeightMixin:
         plain = plain_class.from_config(plain_class.get_config(self))
         plain.build_from_config(self.get_build_config())
         holder = self.partial_weight
+        adapters = _adapter_table.owned(self)
         weights = []
         for variable in self.variables:
             if variable is holder.free or variable is holder.positions:
+                continue
+            if id(variable) in adapters:
                 continue
             value = variable
             if variable is holder.base:
@@ -625,6 +637,8 @@ def _product_call(plain_class):
     if plain_class.call in with_training:
 
         def call(self, inputs, training=None):
+            if _adapter_table.mixed(self):
+                return _adapter_table.mixed_output(self, inputs)
             if _takes_over(self):
                 return _output(self, inputs)
             return plain_class.call(self, inputs, training=training)
@@ -633,6 +647,8 @@ def _product_call(plain_class):
     if plain_class.call in inputs_only:
 
         def call(self, inputs):
+            if _adapter_table.mixed(self):
+                return _adapter_table.mixed_output(self, inputs)
             if _takes_over(self):
                 return _output(self, inputs)
             return plain_class.call(self, inputs)
@@ -892,6 +908,7 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
         given = getattr(self, "_partial_given", (None, None))
         if shell is not None:
             self._partial_add_weights(shell[0], None, shell[1], shell[2])
+            _adapter_table.build_shell(self)
         elif given[0] is not None:
             shape = tuple(_compat.own_weight(self, "kernel").shape)
             mask = to_mask(given[0], shape, name="trainable_mask")
@@ -901,6 +918,8 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
             self.freeze_rest()
 
     def call(self, inputs, training=None):
+        if _adapter_table.mixed(self):
+            return _adapter_table.mixed_output(self, inputs)
         if _takes_over(self):
             return _output(self, inputs)
         holder = self.__dict__.get("partial_weight")
@@ -921,7 +940,11 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
         Returns:
             An unbuilt ``PartialDense``, usable once its weights load.
         """
-        return cls(**config)
+        config = dict(config)
+        adapters = _adapter_table.pop_record(config)
+        layer = cls(**config)
+        layer.__dict__["_adapter_shell"] = adapters
+        return layer
 
     @classmethod
     def from_dense(cls, dense, trainable_mask, *, mode: str = "delta") -> PartialDense:
@@ -1243,6 +1266,7 @@ def _make_shell(
     auto: bool,
     rest_trainable: bool = True,
     target: str | None = None,
+    adapters: dict | None = None,
 ) -> None:
     """Turn a built plain ``layer`` into a partial shell, in place.
 
@@ -1260,6 +1284,8 @@ def _make_shell(
     layer.__class__ = partial_class(type(layer))
     layer._partial_target = target or layer._partial_target
     layer._partial_add_weights(num_free, None, mode, auto)
+    layer.__dict__["_adapter_shell"] = adapters
+    _adapter_table.build_shell(layer)
     if not rest_trainable:
         layer.freeze_rest()
 
