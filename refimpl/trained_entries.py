@@ -99,7 +99,7 @@ def _fingerprint(array: np.ndarray) -> dict:
     return {"shape": list(array.shape), "dtype": array.dtype.name, "sha256": digest}
 
 
-def _weights(model) -> list[tuple[str, object, object]]:
+def _weights(model, *, counted=False) -> list[tuple[str, object, object]]:
     """Every weight of ``model``, once, as ``(path, variable, layer)``.
 
     The path is the names of the layers that hold the weight, from ``model``
@@ -110,8 +110,12 @@ def _weights(model) -> list[tuple[str, object, object]]:
     ones (those of a wrapped or nested layer lose the parent's name). A
     sub-layer that a layer holds as an attribute under a name Keras made up
     (``partial_variable_1``, ``dense_3``: an unnamed ``PartialVariable`` or
-    ``Dense`` in a layer of your own) is named by that attribute instead,
-    since a copy of the model makes up other names.
+    ``Dense`` in a layer of your own, or a keras-hub task model's backbone,
+    ``gpt2_backbone_1``, held as ``_backbone``) is named by that attribute
+    instead (:func:`_child_name`), since a copy of the model, or the same
+    model built in another process, makes up other names. ``counted=True``
+    gives the paths refimpl 3.0.0 wrote, where a made-up name held only by a
+    private attribute stayed in the path.
     """
     below = {}
 
@@ -132,15 +136,26 @@ def _weights(model) -> list[tuple[str, object, object]]:
                 seen.add(id(variable))
                 found.append((prefix + variable.name, variable, layer))
         for child in children:
-            visit(child, f"{prefix}{_child_name(layer, child)}/")
+            visit(child, f"{prefix}{_child_name(layer, child, counted)}/")
 
     visit(model, "")
     return found
 
 
-def _child_name(parent, child) -> str:
+def _child_name(parent, child, counted=False) -> str:
     """``child``'s name in a path: its own, or, where Keras made that name up,
-    the attribute of ``parent`` that holds it."""
+    the attribute of ``parent`` that holds it.
+
+    A public attribute first; else a private one, without its leading
+    underscores (a keras-hub task model holds its backbone as ``_backbone``,
+    behind the property ``backbone``: the path says ``backbone``). Only the
+    instance's own attributes are read, never a property, which would run
+    code of the layer's class. A made-up name that no attribute holds (a
+    layer in a functional model's list) stays. ``counted=True`` skips the
+    private attributes, as refimpl 3.0.0 did, whose paths then held the
+    counted name (``gpt2_backbone_1``), which depends on how many layers of
+    that class the process had built.
+    """
     # Keras' default name: the class name in snake case, then "_1", "_2"...
     # (of the plain class too: a partial layer keeps the name it had).
     made_up = False
@@ -151,10 +166,28 @@ def _child_name(parent, child) -> str:
     if made_up:
         # A torch backend's layer keeps its sub-layers in `_modules`.
         held = {**vars(parent), **vars(parent).get("_modules", {})}
-        for attribute, value in held.items():
-            if value is child and not attribute.startswith("_"):
+        holders = [attribute for attribute, value in held.items() if value is child]
+        for attribute in holders:
+            if not attribute.startswith("_"):
                 return attribute
+        for attribute in holders:
+            if not counted and attribute.strip("_"):
+                return attribute.lstrip("_")
     return child.name
+
+
+def _counted(model, weights) -> dict:
+    """``{path: [(variable, layer)]}``: the paths that refimpl 3.0.0 gave
+    ``model``'s weights where they differ from ``weights``' (a made-up name
+    held by a private attribute, such as a keras-hub task model's backbone,
+    went in as the name: ``gpt2_backbone_1/...``)."""
+    old = {}
+    for (own, variable, layer), (then, _, _) in zip(
+        weights, _weights(model, counted=True), strict=True
+    ):
+        if then != own:
+            old.setdefault(then, []).append((variable, layer))
+    return old
 
 
 def _legacy_path(model, variable) -> str:
@@ -190,11 +223,12 @@ def _find(model, names: list, version: int, path: str) -> dict:
     the file names.
 
     The path that equals it decides (in a file of version 1 or 2, the
-    variable's path); only where none does, the one path that ends with it,
-    or that it ends with, as a file saved from a keras-hub backbone and
-    loaded onto its task model, or the other way. ``ValueError`` for a path
-    that the file has twice, that no weight or two weights have, or two paths
-    that name one weight.
+    variable's path); where none does, the path refimpl 3.0.0 gave a weight,
+    where it differs (:func:`_counted`); only where none does either, the one
+    path, of either kind, that ends with it, or that it ends with, as a file
+    saved from a keras-hub backbone and loaded onto its task model, or the
+    other way. ``ValueError`` for a path that the file has twice, that no
+    weight or two weights have, or two paths that name one weight.
     """
     repeated = sorted(name for name, n in Counter(names).items() if n > 1)
     if repeated:
@@ -209,13 +243,22 @@ def _find(model, names: list, version: int, path: str) -> dict:
     for name, variable, layer in weights:
         key = name if version >= 3 else _legacy_path(model, variable)
         exact.setdefault(key, []).append((variable, layer))
+    counted = None  # made only for a path that matches no weight's
     found, missing = {}, []
     for name in names:
         pairs = exact.get(name, [])
         _check_unique([(name, v, layer) for v, layer in pairs], {name})
+        if not pairs and counted is None:
+            counted = _counted(model, weights) if version >= 3 else {}
+        if not pairs:  # a file of refimpl 3.0.0: the path it gave the weight
+            pairs = counted.get(name, [])
+            _check_unique([(name, v, layer) for v, layer in pairs], {name})
         if not pairs:
             near = _matching_paths(name, [own for own, _, _ in weights])
             pairs = [weights[i][1:] for i in near]
+            old = list(counted)
+            pairs += [p for i in _matching_paths(name, old) for p in counted[old[i]]]
+            pairs = list({id(v): (v, layer) for v, layer in pairs}.values())
         if len(pairs) > 1:
             raise ValueError(
                 f"The file at `path` has {name!r}, and `model` has no weight at "

@@ -7,13 +7,14 @@ plain model it started from, and save and load every dtype policy exactly.
 """
 
 import json
+import re
 
 import keras
 import numpy as np
 import pytest
 
 import refimpl
-from refimpl import selection
+from refimpl import adapters, selection, trained_entries
 from tests.models import partial_layers
 from tests.processes import run_python
 
@@ -294,6 +295,172 @@ def test_a_keras_hub_file_loads_across_the_backbone_and_its_task_model(tmp_path)
     refimpl.load_partial_weights(onto_backbone, tmp_path / "task.npz")
     for model in (onto_task, task(onto_backbone)):
         _assert_same_outputs(model, lm, inputs)
+
+
+# -- A task model's backbone: named by its attribute, not by a counted name -------
+# A keras-hub task model holds its backbone as `_backbone` (the public
+# `backbone` is a property); the backbone's name is Keras' counted default
+# (`gpt2_backbone_1` for the second one built in a process).
+
+
+def _gpt2_backbone(**kwargs):
+    keras_hub = pytest.importorskip("keras_hub")
+    keras.utils.set_random_seed(0)
+    return keras_hub.models.GPT2Backbone(
+        vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=16,
+        intermediate_dim=32, max_sequence_length=16, dropout=0.0, **kwargs,
+    )  # fmt: skip
+
+
+def _causal_lm(backbone):
+    keras_hub = pytest.importorskip("keras_hub")
+    return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+
+
+TOKENS = RNG.integers(0, 50, (2, 8))
+TOKEN_INPUTS = {"token_ids": TOKENS, "padding_mask": np.ones_like(TOKENS)}
+
+
+def _tuned_causal_lm():
+    """A task model whose backbone, not the first one built, has trained entries."""
+    _causal_lm(_gpt2_backbone())  # the next backbone's name is counted
+    masks = {"query": _random(0.2, 7)}
+    tuned = _causal_lm(refimpl.partialize(_gpt2_backbone(), masks))
+    for layer in partial_layers(tuned):  # as if trained
+        layer.partial_weight.free.assign(layer.partial_weight.free + 0.5)
+    assert tuned.backbone.name != "gpt2_backbone"
+    return tuned, masks
+
+
+_FIRST_TASK_MODEL = """
+import sys, numpy as np, keras, keras_hub, refimpl
+d = sys.argv[1]
+keras.utils.set_random_seed(0)
+backbone = keras_hub.models.GPT2Backbone(
+    vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=16,
+    intermediate_dim=32, max_sequence_length=16, dropout=0.0,
+)
+model = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+refimpl.load_partial_weights(model, d + "/tuned.npz")
+ids = np.load(d + "/ids.npy")
+outputs = model.predict({"token_ids": ids, "padding_mask": np.ones_like(ids)})
+weights = [keras.ops.convert_to_numpy(w) for w in model.weights]
+np.savez(d + "/loaded.npz", backbone.name, outputs, *weights)
+"""
+
+
+def test_the_second_built_task_models_file_loads_onto_a_first_built_one_bit_for_bit(
+    tmp_path,
+):
+    tuned, _ = _tuned_causal_lm()
+    refimpl.save_partial_weights(tuned, tmp_path / "tuned.npz")
+    np.save(tmp_path / "ids.npy", TOKENS)
+    run_python(_FIRST_TASK_MODEL, tmp_path)
+    merged = refimpl.merge(tuned)
+    with np.load(tmp_path / "loaded.npz") as loaded:
+        name, outputs, *weights = (loaded[f"arr_{i}"] for i in range(len(loaded)))
+    assert str(name) == "gpt2_backbone"  # the first one built in its process
+    np.testing.assert_array_equal(
+        outputs, _numpy(tuned.predict(TOKEN_INPUTS, verbose=0))
+    )
+    assert len(weights) == len(merged.weights)
+    for weight, want in zip(weights, merged.weights, strict=True):
+        np.testing.assert_array_equal(weight, _numpy(want), err_msg=want.path)
+
+
+def _child_name_3_0_0(parent, child, *_):
+    """``_child_name`` of refimpl 3.0.0: only a public attribute named a child
+    whose name Keras made up; one held by a private attribute kept its name."""
+    made_up = False
+    for cls in type(child).__mro__:
+        snake = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", cls.__name__)
+        snake = re.sub(r"([a-z])([A-Z])", r"\1_\2", snake).lower()
+        made_up = made_up or re.fullmatch(re.escape(snake) + r"(_\d+)?", child.name)
+    if made_up:
+        held = {**vars(parent), **vars(parent).get("_modules", {})}
+        for attribute, value in held.items():
+            if value is child and not attribute.startswith("_"):
+                return attribute
+    return child.name
+
+
+def test_a_3_0_0_file_keyed_by_the_counted_backbone_name_still_loads(
+    tmp_path, monkeypatch
+):
+    tuned, masks = _tuned_causal_lm()
+    path = tmp_path / "tuned.npz"
+    with monkeypatch.context() as patched:
+        patched.setattr(trained_entries, "_child_name", _child_name_3_0_0)
+        saved = refimpl.save_partial_weights(tuned, path)
+    counted = tuned.backbone.name
+    assert saved["partial"] and saved["full"] == {}
+    assert all(key.startswith(counted + "/") for key in saved["partial"])
+    merged = refimpl.merge(tuned)
+    # Onto the task model whose backbone has that name, plain or converted,
+    # and onto the bare backbone, wherever 3.0.0 loaded it.
+    plain = _causal_lm(_gpt2_backbone(name=counted))
+    refimpl.load_partial_weights(plain, path)
+    _assert_same_weights(plain, merged)
+    _assert_same_outputs(plain, tuned, TOKEN_INPUTS)
+    converted = _causal_lm(refimpl.partialize(_gpt2_backbone(name=counted), masks))
+    refimpl.load_partial_weights(converted, path)
+    _assert_same_outputs(converted, tuned, TOKEN_INPUTS)
+    bare = _gpt2_backbone()
+    refimpl.load_partial_weights(bare, path)
+    _assert_same_outputs(_causal_lm(bare), tuned, TOKEN_INPUTS)
+
+
+class _Twins(keras.layers.Layer):
+    """Two Dense layers named alike, held by private attributes."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._left = keras.layers.Dense(2, name="dense")
+        self._right = keras.layers.Dense(2, name="dense")
+
+    def build(self, input_shape):
+        self._left.build(input_shape)
+        self._right.build(input_shape)
+
+    def call(self, x):
+        return self._left(x) + self._right(x)
+
+
+def _twins_model():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6,))
+    return keras.Model(inputs, _Twins(name="twins")(inputs))
+
+
+def test_a_3_0_0_path_that_two_weights_of_the_model_share_is_refused(tmp_path):
+    # The attributes tell the twins apart (`twins/left/kernel`); the path
+    # 3.0.0 gave them, `twins/dense/kernel`, names both: no guess.
+    tuned = refimpl.partialize(_twins_model(), {"dense": [[0, 0]]}, in_place=True)
+    path = tmp_path / "tuned.npz"
+    refimpl.save_partial_weights(tuned, path)
+    with np.load(path) as data:
+        arrays = {key: data[key] for key in data.files}
+    header = json.loads(arrays["header"].tobytes().decode())
+    paths = {r["path"] for r in header["partial"]}
+    assert paths == {"twins/left/kernel", "twins/right/kernel"}
+    header["partial"][0]["path"] = "twins/dense/kernel"  # as 3.0.0 keyed it
+    arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    np.savez(path, **arrays)
+    target = _twins_model()
+    with pytest.raises(ValueError, match="2 weights at the path 'twins/dense/kernel'"):
+        refimpl.load_partial_weights(target, path)
+
+
+def test_an_adapter_from_another_task_models_file_loads_bit_for_bit(tmp_path):
+    tuned, _ = _tuned_causal_lm()
+    refimpl.save_partial_weights(tuned, tmp_path / "tuned.npz")
+    model = _causal_lm(_gpt2_backbone())  # another counted name
+    assert model.backbone.name != tuned.backbone.name
+    adapters.load(model, tmp_path / "tuned.npz", "tuned")
+    adapters.use(model, "tuned")
+    _assert_same_outputs(model, tuned, TOKEN_INPUTS)
+    adapters.use(model, None)
+    _assert_same_outputs(model, _causal_lm(_gpt2_backbone()), TOKEN_INPUTS)
 
 
 # -- Every dtype policy: the values as they are, bit for bit ----------------------
