@@ -686,10 +686,11 @@ _QUANTIZATION_ATTRIBUTES = (
 def unquantize(layer, kernel, drop=()) -> None:
     """Turn a quantized Dense or EinsumDense back into its float form, in place.
 
-    Every variable of ``layer`` is removed (the codes, the scales); the layer gets its float dtype policy back and is built again
-    by its class's ``build`` (call it once the layer has its plain class), in
-    the plain layer's order of variables, with ``kernel`` (a NumPy array) as
-    its kernel and its old bias. The attributes named in ``drop`` go too.
+    Every variable of ``layer`` is removed (the codes, the scales); the layer
+    gets its float dtype policy back and is built again by its class's
+    ``build`` (call it once the layer has its plain class), in the plain
+    layer's order of variables, with ``kernel`` (a NumPy array) as its kernel
+    and its old bias. The attributes named in ``drop`` go too.
     """
     policy = layer.dtype_policy
     source = _attribute(policy, "_source_name")

@@ -29,8 +29,8 @@ from refimpl import _compat, quantized
 from refimpl.layers.partial import (
     PartialWeightMixin,
     _check_layout,
-    _is_quantized_kernel,
     _is_container,
+    _is_quantized_kernel,
     _is_supported,
     _mark_hosts,
     _supported_names,
