@@ -166,6 +166,7 @@ def partialize(
     for layer, weight, mask in chosen:
         _check_layout(layer, _target_weight(layer, weight), mask, mode, weight)
     target = model if in_place else _copy(model, "partialize")
+    _compat.resolve_policy_maps(target)  # so that it saves and quantizes
     if target is not model:
         # The copy has the same layers in the same order, at every depth.
         place = {id(layer): i for i, layer in enumerate(_compat.sub_layers(model))}
@@ -333,6 +334,7 @@ def merge(model, *, in_place: bool = False, requantize: bool = False):
         )
     else:
         merged = _copy(model, "merge")
+    _compat.resolve_policy_maps(merged)  # so that it quantizes again and saves
     for layer in _compat.sub_layers(merged):
         if isinstance(layer, PartialWeightMixin):
             base = layer.partial_weight.quantized
