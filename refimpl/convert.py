@@ -62,7 +62,11 @@ def partialize(
     (:mod:`refimpl.layers.partial`): a ``Dense``, ``EinsumDense`` (attention
     projections), convolution (transposed, depthwise and separable too),
     ``SimpleRNN``, ``LSTM`` or ``GRU`` cell, ``Embedding`` or keras-hub embedding
-    (:func:`refimpl.layers.partial.supported_classes`). **Everything else is
+    (:func:`refimpl.layers.partial.supported_classes`); a ``Dense`` or
+    ``EinsumDense`` that Keras quantized (``model.quantize("int8")`` or
+    ``"int4"``) keeps its codes and scales and gets float free values
+    (:mod:`refimpl.quantized`; quantizing the converted model instead gives
+    the same layers). **Everything else is
     frozen**, as PEFT and keras-hub's ``enable_lora`` do: every other layer and
     the chosen layers' biases (:func:`trainable_summary` lists what trains),
     unless ``train``
@@ -124,8 +128,11 @@ def partialize(
             chosen layer of a type this cannot convert (the message names the
             layer and its type).
         ValueError: for a model that is not built, a key that names no layer
-            or weight, a mask that does not fit, or a ``LayoutMap`` entry for a
-            partial weight that does not fit it.
+            or weight, a mask that does not fit, a ``LayoutMap`` entry for a
+            partial weight that does not fit it, or a chosen layer quantized in
+            a way a partial weight does not combine with (float8, gptq, awq, a
+            quantized ``Embedding``; the ``"select"`` form over int8 or int4),
+            named in the message, before anything is copied.
 
     On many devices (``keras.distribution``, ``tf.distribute``), the section
     :ref:`Many devices <api-many-devices>` says how to convert, lay out and
