@@ -489,6 +489,13 @@ def test_a_partial_variable_of_integer_codes_is_refused():
         refimpl.PartialVariable(_numpy(codes), [[0, 0]])
 
 
+def test_drop_and_grow_on_a_quantized_base_is_refused():
+    model = refimpl.partialize(_quantized("int8"), _masks())
+    model.compile("adam", "mse")
+    with pytest.raises(ValueError, match="'d'.*int8 codes.*float base"):
+        refimpl.callbacks.regrow(model, (X, Y), fraction=0.5, batch_size=8)
+
+
 # -- what trains, and the holder -----------------------------------------------
 
 
