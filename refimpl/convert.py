@@ -383,6 +383,16 @@ def _copy(model, what: str):
             f"config, so {what} cannot copy it ({err}). Pass `in_place=True` to "
             "convert its own layers."
         ) from None
+    lost = sorted({v.path for v in model.weights} - {v.path for v in copy.weights})
+    if len(copy.weights) != len(model.weights) and lost:
+        raise ValueError(
+            f"`model` ({type(model).__name__}) rebuilt from its config lacks "
+            f"weights it has: {lost[:5]}, so {what} cannot copy it (a layer "
+            "Keras quantized outside what the config records, such as a "
+            "keras-hub task's head). Pass `in_place=True` to convert its own "
+            f"layers. Received: {len(model.weights)} weights, "
+            f"{len(copy.weights)} rebuilt"
+        )
     _copy_weights(model, copy)
     return copy
 
