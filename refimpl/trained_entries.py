@@ -4,7 +4,8 @@ keras-hub saves a LoRA fine-tune as its adapters alone
 (``save_lora_weights``); this is the same for a sparse fine-tune. The file
 (NumPy's ``.npz``, no pickles) holds, for each partial weight, its path, its
 free positions and values, and a fingerprint of the frozen base (its shape,
-dtype and a SHA-256 checksum of its bytes); and each layer that trained whole
+dtype and a SHA-256 checksum of its bytes; for a base Keras quantized, of its
+codes and every scale, whose shapes it lists too); and each layer that trained whole
 (a head or a norm kept with ``train=``), whole: every weight it has, trainable
 or not (a ``BatchNormalization``'s moving mean and variance too), as PEFT's
 ``modules_to_save`` keeps the whole module. The positions are stored as the
@@ -40,6 +41,7 @@ import ml_dtypes  # noqa: F401  (Keras' own dependency: names bfloat16 for NumPy
 import numpy as np
 
 from refimpl import _compat
+from refimpl.layers.partial import _is_quantized_kernel, _mark_hosts, enable_partial
 from refimpl.masks import _describe, _matching_paths, _variable_path
 from refimpl.partial import partial_weights
 
@@ -94,9 +96,25 @@ def _read(arrays: dict, header: dict, key: str, dtype: str) -> np.ndarray:
     return array if name is None else array.view(np.dtype(name))
 
 
-def _fingerprint(array: np.ndarray) -> dict:
-    digest = hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
-    return {"shape": list(array.shape), "dtype": array.dtype.name, "sha256": digest}
+def _fingerprint(array: np.ndarray, scales=()) -> dict:
+    """The base's shape, dtype and checksum; for a base Keras quantized, the
+    checksum covers its codes (``array``) and every scale (``scales``), whose
+    shapes and dtypes the fingerprint lists too."""
+    hasher = hashlib.sha256(np.ascontiguousarray(array).tobytes())
+    for scale in scales:
+        hasher.update(np.ascontiguousarray(scale).tobytes())
+    found = {"shape": list(array.shape), "dtype": array.dtype.name}
+    if len(scales):
+        found["scales"] = [[list(a.shape), a.dtype.name] for a in scales]
+    return {**found, "sha256": hasher.hexdigest()}
+
+
+def _scales(variable, layer) -> list:
+    """The scales of ``variable`` if it is the codes of a kernel Keras
+    quantized (:mod:`refimpl.quantized`), as NumPy arrays; else ``[]``."""
+    if not _is_quantized_kernel(layer, variable):
+        return []
+    return [_numpy(v) for v in _compat.quantization_variables(layer)]
 
 
 def _weights(model, *, counted=False) -> list[tuple[str, object, object]]:
@@ -381,13 +399,16 @@ def save_partial_weights(model, path) -> dict:
         base = _numpy(pw.base)
         positions = np.sort(_numpy(pw.positions).astype(np.int64))
         composed = np.asarray(keras.ops.convert_to_numpy(pw.value()))
-        values = composed.astype(base.dtype).reshape(-1)[positions]
+        # A quantized base's free values are floats, its codes integers.
+        dtype = base.dtype if pw.quantized is None else _numpy(pw.free).dtype
+        values = composed.astype(dtype).reshape(-1)[positions]
         first, arrays[f"gaps_{i}"] = _gaps(positions)
         _store(arrays, header, f"values_{i}", values)
+        scales = [] if pw.quantized is None else [_numpy(v) for v in pw.scales]
         header["partial"].append(
             {
                 "path": name,
-                "base": _fingerprint(base),
+                "base": _fingerprint(base, scales),
                 "num_free": len(positions),
                 "first": first,
             }
@@ -413,7 +434,11 @@ def load_partial_weights(model, path) -> None:
     entries are written into its weights, which then equal the fine-tuned
     model's merged weights) or converted with the same numbers of free
     entries (the positions and free values are set, and training can go on).
-    The weights of the layers that trained whole are set whole.
+    The weights of the layers that trained whole are set whole. A plain
+    layer whose kernel Keras quantized (int8, int4) cannot take float
+    entries into its integer codes: it becomes a partial layer in place
+    (``mode="auto"``), with the file's positions and values over its
+    unchanged codes and scales, and predicts what the fine-tuned model does.
 
     Returns:
         ``None``; ``model``'s weights change in place.
@@ -422,8 +447,9 @@ def load_partial_weights(model, path) -> None:
         TypeError: for a ``model`` that is not a Keras model.
         ValueError: for a ``model`` that is not built, a file that is not one
             of these, a weight it names that ``model`` does not have (or has
-            twice), or a base whose shape, dtype or values differ from the one
-            the entries were trained on.
+            twice), or a base whose shape, dtype or values (for a quantized
+            base, codes or scales) differ from the one the entries were
+            trained on.
 
     >>> from refimpl import load_partial_weights, save_partial_weights
     >>> import os, tempfile, refimpl
@@ -446,20 +472,32 @@ def load_partial_weights(model, path) -> None:
     _refuse_combining(model, header, found, bases, path)
     writes = []
     for i, record in enumerate(header["partial"]):
-        variable, _ = found[record["path"]]
+        variable, layer = found[record["path"]]
         base = _numpy(variable)
-        if _fingerprint(base) != record["base"]:
+        scales = _scales(variable, layer)
+        if _fingerprint(base, scales) != record["base"]:
             raise ValueError(
                 f"The base of {record['path']!r} in `model` (shape {base.shape}, "
-                f"dtype {base.dtype.name}) is not the one its entries were trained "
-                f"on (shape {tuple(record['base']['shape'])}, dtype "
-                f"{record['base']['dtype']}, another checksum): the entries would "
-                f"land on other values. Received: path={path!r}"
+                f"dtype {base.dtype.name}{_scales_text(scales)}) is not the one "
+                f"its entries were trained on (shape "
+                f"{tuple(record['base']['shape'])}, dtype "
+                f"{record['base']['dtype']}"
+                f"{_scales_text(record['base'].get('scales', []))}, another "
+                "checksum of its values and scales): the entries would land on "
+                f"other values. Received: path={path!r}"
             )
         values = _read(arrays, header, f"values_{i}", base.dtype.name)
         positions = _positions(arrays, record, i, version)
         pw = bases.get(id(variable))  # None: a plain weight takes them merged
-        if pw is not None and pw.num_free != len(positions):
+        if pw is None and scales:
+            # Integer codes cannot take the float values: the layer becomes
+            # partial, with the file's positions (its codes and scales stay).
+            pw = (layer, positions)
+        if (
+            pw is not None
+            and not isinstance(pw, tuple)
+            and pw.num_free != len(positions)
+        ):
             raise ValueError(
                 f"{pw.owner.name!r} has {pw.num_free} free entries and the "
                 f"file has {len(positions)} for {record['path']!r}: convert the "
@@ -487,6 +525,16 @@ def load_partial_weights(model, path) -> None:
                 f"Received: path={path!r}"
             )
         writes.append((variable, None, None, None, value))
+    converted = False
+    for i, (variable, pw, base, positions, values) in enumerate(writes):
+        if isinstance(pw, tuple):  # a quantized plain layer: made partial
+            layer, _ = pw
+            shape = _compat.quantized_kernel_shape(layer)
+            mask = np.zeros(int(np.prod(shape)), bool)
+            mask[positions] = True
+            enable_partial(layer, mask.reshape(shape), mode="auto")
+            writes[i] = (variable, layer.partial_weight, base, positions, values)
+            converted = True
     _remember(model, header, found, writes)
     for variable, pw, base, positions, values in writes:
         if positions is None:
@@ -504,6 +552,16 @@ def load_partial_weights(model, path) -> None:
             merged = base.reshape(-1).copy()
             merged[positions] = values
             variable.assign(merged.reshape(base.shape))
+    if converted:
+        _mark_hosts(model)
+
+
+def _scales_text(scales) -> str:
+    """How a message names a quantized base's scales (nothing for a float base)."""
+    if not len(scales):
+        return ""
+    shapes = [tuple(s.shape) if hasattr(s, "shape") else tuple(s[0]) for s in scales]
+    return f", quantized, scales of shapes {shapes}"
 
 
 def _open(path: str) -> tuple[dict, dict, int]:
