@@ -585,6 +585,16 @@ class _WithoutBiasOrActivation:
         return getattr(self._layer, name)
 
 
+def called_with(layer, argument: str, value) -> bool:
+    """Whether a functional model calls ``layer`` with ``argument=value``
+    (read from the layer's inbound nodes)."""
+    for node in getattr(layer, "_inbound_nodes", ()):
+        arguments = getattr(node, "arguments", None)
+        if arguments is not None and arguments.kwargs.get(argument) is value:
+            return True
+    return False
+
+
 def quantized_product(layer, inputs):
     """Keras' own quantized product of ``layer`` (``Dense._int8_call`` and the
     like), before its bias and activation: the inputs quantized as Keras

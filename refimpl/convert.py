@@ -172,6 +172,7 @@ def partialize(
     ]
     for layer, weight, mask in chosen:
         _check_layout(layer, _target_weight(layer, weight), mask, mode, weight)
+    quantized.check_reverse_projections(model)
     target = model if in_place else _copy(model, "partialize")
     _compat.resolve_policy_maps(target)  # so that it saves and quantizes
     if target is not model:

@@ -145,6 +145,39 @@ def refusal(layer, mode, *, argument: str, order: str) -> ValueError:
     )
 
 
+def check_reverse_projections(model) -> None:
+    """Refuse to train partial weights under a quantized reverse projection.
+
+    A ``ReversibleEmbedding`` (a keras-hub language model's tied token
+    embedding) that Keras quantized computes its logits from inputs it
+    rounds to integers with no straight-through gradient: the gradient it
+    passes back is not the gradient of its logits, so every partial weight
+    before it would train on a wrong gradient (Keras' LoRA on such a model
+    trains on the same one). Refused where ``model``'s layers show the
+    reverse projection in use (a language model around the embedding); a
+    bare backbone cannot show it, so quantize one with ``filters=`` that
+    leave its embedding in float before fine-tuning it.
+    """
+    for layer in [model, *_compat.sub_layers(model)]:
+        mode = getattr(layer, "quantization_mode", None)
+        if (
+            mode
+            and isinstance(layer, keras.layers.ReversibleEmbedding)
+            and _compat.called_with(layer, "reverse", True)
+        ):
+            raise ValueError(
+                f"`model` holds layer {layer.name!r} (ReversibleEmbedding) "
+                f"quantized with {mode}: Keras' quantized reverse projection (the "
+                "logits of a tied embedding) rounds its inputs with no gradient "
+                "through the rounding, so the partial weights before it would "
+                "train on a wrong gradient. Quantize the model with `filters=` "
+                'that leave it in float, e.g. `model.quantize("int8", '
+                "filters=lambda layer: not isinstance(layer, "
+                "keras.layers.ReversibleEmbedding))`, or quantize it after "
+                f"training. Received: model with {layer.name!r} in {mode}"
+            )
+
+
 def correction(holder, inputs, *, mode: str, product, axes):
     """``x @ D``: the free values' correction to the quantized base's product.
 

@@ -542,7 +542,9 @@ def test_a_quantized_keras_hub_gpt2_trains_saves_reloads_and_merges(tmp_path):
         }  # fmt: skip
         backbone = keras_hub.models.GPT2Backbone(num_layers=2, **tiny)
         model = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
-        model.quantize("int8")
+        # The tied embedding stays float: its quantized logits pass a wrong
+        # gradient (test_a_quantized_tied_embedding_is_refused).
+        model.quantize("int8", filters=_not_reversible)
         return model
 
     ids = RNG.integers(0, 50, (8, 9))
@@ -587,6 +589,59 @@ def test_a_quantized_keras_hub_gpt2_trains_saves_reloads_and_merges(tmp_path):
     np.testing.assert_array_equal(
         reloaded.predict(x, verbose=0), merged.predict(x, verbose=0)
     )
+
+
+def _not_reversible(layer):
+    return not isinstance(layer, keras.layers.ReversibleEmbedding)
+
+
+@pytest.mark.slow
+def test_a_quantized_tied_embedding_is_refused():
+    # Keras' quantized reverse projection rounds its inputs with no gradient
+    # through the rounding: against the float model's, the gradient of a
+    # layer norm before it points elsewhere. Partial weights there would
+    # train on it; partialize refuses the model, naming the layer and the
+    # way out. Before: the model converted and trained on that gradient.
+    import keras_hub
+
+    def lm(quantize):
+        keras.utils.set_random_seed(0)
+        tiny = {
+            "vocabulary_size": 50, "num_heads": 2, "hidden_dim": 16,
+            "intermediate_dim": 32, "max_sequence_length": 16, "dropout": 0.0,
+        }  # fmt: skip
+        backbone = keras_hub.models.GPT2Backbone(num_layers=1, **tiny)
+        model = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+        if quantize is not None:
+            model.quantize("int8", **quantize)
+        return model
+
+    ids = RNG.integers(0, 50, (4, 9))
+    x = {"token_ids": ids[:, :-1], "padding_mask": np.ones_like(ids[:, :-1])}
+
+    def norm_gradient(model):
+        from refimpl import backend
+
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        norms = [w for w in model.trainable_weights if "layer_norm/gamma" in w.path]
+
+        def loss_of(outputs):
+            return loss(ids[:, 1:], outputs)
+
+        gradients = backend.variable_gradients(model, loss_of, x, norms)
+        return np.concatenate([_numpy(g).ravel() for g in gradients])
+
+    def cosine(a, b):
+        return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+    reference = norm_gradient(lm(None))
+    assert cosine(norm_gradient(lm({})), reference) < 0.9  # Keras' own gradient
+    assert cosine(norm_gradient(lm({"filters": _not_reversible})), reference) > 0.99
+    with pytest.raises(
+        ValueError, match="token_embedding.*ReversibleEmbedding.*filters="
+    ):
+        refimpl.partialize(lm({}), {"query": [[0, 0, 0]]})
+    refimpl.partialize(lm({"filters": _not_reversible}), {"query": [[0, 0, 0]]})
 
 
 @pytest.mark.slow
