@@ -60,7 +60,7 @@ comes from; everything else lives in the submodules, and all of it but
 backend (TensorFlow, JAX and PyTorch).
 """
 
-__version__ = "3.0.0"
+__version__ = "3.1.0"
 
 from refimpl import _compat  # noqa: F401  (the Keras version check, first)
 from refimpl.callbacks import DropAndGrow

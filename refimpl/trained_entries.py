@@ -483,7 +483,7 @@ def load_partial_weights(model, path) -> None:
                 f"{tuple(record['base']['shape'])}, dtype "
                 f"{record['base']['dtype']}"
                 f"{_scales_text(record['base'].get('scales', []))}, another "
-                "checksum of its values and scales): the entries would land on "
+                f"checksum{_checksum_of(record['base'])}): the entries would land on "
                 f"other values. Received: path={path!r}"
             )
         values = _read(arrays, header, f"values_{i}", base.dtype.name)
@@ -554,6 +554,11 @@ def load_partial_weights(model, path) -> None:
             variable.assign(merged.reshape(base.shape))
     if converted:
         _mark_hosts(model)
+
+
+def _checksum_of(fingerprint) -> str:
+    """What a quantized base's checksum covers (nothing said for a float base)."""
+    return " of its codes and scales" if fingerprint.get("scales") else ""
 
 
 def _scales_text(scales) -> str:
