@@ -340,6 +340,7 @@ def merge(model, *, in_place: bool = False, requantize: bool = False):
         merged = _clone(
             model,
             replace=lambda layer: layer.to_dense if id(layer) in top else None,
+            what="merge",
         )
     else:
         merged = _copy(model, "merge")
@@ -372,7 +373,7 @@ def merge(model, *, in_place: bool = False, requantize: bool = False):
 def _copy(model, what: str):
     """A copy of ``model`` with copies of its weights, rebuilt from its config."""
     if _is_container(model):
-        return _clone(model)
+        return _clone(model, what=what)
     try:
         config = keras.saving.serialize_keras_object(model)
         config.pop("compile_config", None)
@@ -383,6 +384,7 @@ def _copy(model, what: str):
             f"config, so {what} cannot copy it ({err}). Pass `in_place=True` to "
             "convert its own layers."
         ) from None
+    _match_quantization(model, copy, what)
     lost = sorted({v.path for v in model.weights} - {v.path for v in copy.weights})
     if len(copy.weights) != len(model.weights) and lost:
         raise ValueError(
@@ -416,7 +418,7 @@ def _copy_weights(source, target) -> None:
     target.set_weights([np.array(w) for w in values])
 
 
-def _clone(model, replace=lambda layer: None):
+def _clone(model, replace=lambda layer: None, what: str = "partialize"):
     """A copy of a functional or Sequential ``model`` with its weights;
     ``replace(layer)`` may give a function that returns the layer to use
     instead of a copy."""
@@ -431,11 +433,80 @@ def _clone(model, replace=lambda layer: None):
         return new
 
     copy = keras.models.clone_model(model, clone_function=clone)
-    for layer in copy.layers:
-        source = originals.get(id(layer))
-        if source is not None:
-            _copy_weights(source, layer)
+    pairs = [
+        (originals[id(layer)], layer) for layer in copy.layers if id(layer) in originals
+    ]
+    for source, layer in pairs:  # every refusal before any quantization
+        _quantization_pairs(source, layer, what)
+    for source, layer in pairs:
+        _match_quantization(source, layer, what)
+        _copy_weights(source, layer)
     return copy
+
+
+def _quantization_mode(layer):
+    """The mode Keras quantized ``layer`` in (``"int8"``, ...), or ``None``."""
+    return getattr(_compat.layer_policy(layer), "quantization_mode", None)
+
+
+def _quantization_pairs(source, copy, what: str) -> list:
+    """The sub-layers of ``copy`` (``source`` rebuilt from its config) that
+    ``quantize`` must turn into their source's quantization, each with its
+    source; a ``ValueError`` where the copy cannot be given it.
+
+    A layer whose config does not describe its sub-layers (a
+    ``MultiHeadAttention``, a keras-hub task's head) rebuilds them in float,
+    whatever Keras quantized in the source.
+    """
+    pairs = [(source, copy)] + list(
+        zip(_compat.sub_layers(source), _compat.sub_layers(copy))
+    )
+    quantized_ones = [(s, c) for s, c in pairs if _quantization_mode(s) is not None]
+    if not quantized_ones:
+        return []
+    same = len(_compat.sub_layers(source)) == len(_compat.sub_layers(copy)) and all(
+        type(s).__name__ == type(c).__name__ for s, c in pairs
+    )
+    todo = []
+    for s, c in quantized_ones:
+        mode, have = _quantization_mode(s), _quantization_mode(c)
+        if same and have == mode:
+            continue
+        if not same or have is not None or mode not in _COPY_MODES:
+            why = (
+                "whose rebuilt sub-layers differ from its own"
+                if not same
+                else f"that Keras quantized in {mode!r}, which a copy cannot be "
+                "given without the data it was calibrated on"
+                if have is None
+                else f"rebuilt in {have!r} where it is {mode!r}"
+            )
+            raise ValueError(
+                f"`model` holds {_where(s)} ({type(s).__name__}), {why}, so "
+                f"{what} cannot copy `model` with its quantization. Pass "
+                f"`in_place=True` to {'fold' if what == 'merge' else 'convert'} "
+                f"its own layers. Received: {source.name!r} "
+                f"({type(source).__name__}) rebuilt from its config"
+            )
+        todo.append((s, c))
+    return todo
+
+
+#: The modes a copy's sub-layer is given by Keras' own ``quantize`` (gptq and
+#: awq need the data they were calibrated on).
+_COPY_MODES = ("int8", "int4", "float8")
+
+
+def _match_quantization(source, copy, what: str) -> None:
+    """Quantize each sub-layer of ``copy`` (``source`` rebuilt from its
+    config and built) that Keras quantized in ``source``, in the same mode
+    and config, with Keras' own ``quantize``, before the weights are copied."""
+    for s, c in _quantization_pairs(source, copy, what):
+        c.quantize(
+            _quantization_mode(s),
+            config=getattr(s, "quantization_config", None),
+            type_check=False,
+        )
 
 
 # -- what trains: the rest frozen, and a summary of it -------------------------
