@@ -384,6 +384,7 @@ def _copy(model, what: str):
             f"config, so {what} cannot copy it ({err}). Pass `in_place=True` to "
             "convert its own layers."
         ) from None
+    _compat.resolve_policy_maps(copy)  # Keras' quantize misreads a map
     _match_quantization(model, copy, what)
     lost = sorted({v.path for v in model.weights} - {v.path for v in copy.weights})
     if len(copy.weights) != len(model.weights) and lost:

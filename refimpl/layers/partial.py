@@ -1586,6 +1586,7 @@ def _requantize(layer, records) -> None:
     quantizes them, before they become shells and the saved weights fill them."""
     if not records:
         return
+    _compat.resolve_policy_maps(layer)  # Keras' quantize misreads a map
     by_path = {_relative(layer, sub): sub for sub in _compat.sub_layers(layer)}
     for record in records:
         sub = by_path.get(record["path"])
