@@ -465,32 +465,43 @@ def _quantization_pairs(source, copy, what: str) -> list:
     quantized_ones = [(s, c) for s, c in pairs if _quantization_mode(s) is not None]
     if not quantized_ones:
         return []
-    same = len(_compat.sub_layers(source)) == len(_compat.sub_layers(copy)) and all(
-        type(s).__name__ == type(c).__name__ for s, c in pairs
-    )
+    mine, rebuilt = _compat.sub_layers(source), _compat.sub_layers(copy)
+    if len(mine) != len(rebuilt) or any(
+        type(s).__name__ != type(c).__name__ for s, c in pairs
+    ):
+        raise _copy_refusal(
+            source,
+            quantized_ones[0][0],
+            "its config rebuilds it with other sub-layers "
+            f"({[type(c).__name__ for c in rebuilt][:6]}, not "
+            f"{[type(s).__name__ for s in mine][:6]})",
+            what,
+        )
     todo = []
     for s, c in quantized_ones:
         mode, have = _quantization_mode(s), _quantization_mode(c)
-        if same and have == mode:
+        if have == mode:
             continue
-        if not same or have is not None or mode not in _COPY_MODES:
-            why = (
-                "whose rebuilt sub-layers differ from its own"
-                if not same
-                else f"that Keras quantized in {mode!r}, which a copy cannot be "
-                "given without the data it was calibrated on"
-                if have is None
-                else f"rebuilt in {have!r} where it is {mode!r}"
-            )
-            raise ValueError(
-                f"`model` holds {_where(s)} ({type(s).__name__}), {why}, so "
-                f"{what} cannot copy `model` with its quantization. Pass "
-                f"`in_place=True` to {'fold' if what == 'merge' else 'convert'} "
-                f"its own layers. Received: {source.name!r} "
-                f"({type(source).__name__}) rebuilt from its config"
-            )
-        todo.append((s, c))
+        if have is not None:
+            why = f"its config rebuilds it in {have!r}"
+        elif mode not in _COPY_MODES:
+            why = f"a copy cannot be quantized in {mode!r} without its calibration data"
+        else:
+            todo.append((s, c))
+            continue
+        raise _copy_refusal(source, s, why, what)
     return todo
+
+
+def _copy_refusal(source, layer, why: str, what: str) -> ValueError:
+    """The refusal of a copy that cannot have ``layer``'s quantization."""
+    return ValueError(
+        f"`model` holds {_where(layer)} ({type(layer).__name__}), which Keras "
+        f"quantized in {_quantization_mode(layer)!r} inside layer "
+        f"{source.name!r} ({type(source).__name__}), and {why}, so {what} "
+        "cannot copy `model` with its quantization. Pass `in_place=True` to "
+        f"{'fold' if what == 'merge' else 'convert'} its own layers."
+    )
 
 
 #: The modes a copy's sub-layer is given by Keras' own ``quantize`` (gptq and
@@ -503,11 +514,15 @@ def _match_quantization(source, copy, what: str) -> None:
     config and built) that Keras quantized in ``source``, in the same mode
     and config, with Keras' own ``quantize``, before the weights are copied."""
     for s, c in _quantization_pairs(source, copy, what):
-        c.quantize(
-            _quantization_mode(s),
-            config=getattr(s, "quantization_config", None),
-            type_check=False,
-        )
+        mode = _quantization_mode(s)
+        try:
+            c.quantize(
+                mode, config=getattr(s, "quantization_config", None), type_check=False
+            )
+        except (NotImplementedError, TypeError, ValueError) as err:
+            raise _copy_refusal(
+                source, s, f"its copy could not be quantized so ({err})", what
+            ) from None
 
 
 # -- what trains: the rest frozen, and a summary of it -------------------------
