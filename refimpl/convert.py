@@ -391,8 +391,8 @@ def _copy(model, what: str):
         raise ValueError(
             f"`model` ({type(model).__name__}) rebuilt from its config lacks "
             f"weights it has: {lost[:5]}, so {what} cannot copy it (a layer "
-            "Keras quantized outside what the config records, such as a "
-            "keras-hub task's head). Pass `in_place=True` to convert its own "
+            "made or changed outside what the config records). Pass "
+            "`in_place=True` to convert its own "
             f"layers. Received: {len(model.weights)} weights, "
             f"{len(copy.weights)} rebuilt"
         )
