@@ -262,12 +262,9 @@ def merge(model, *, in_place: bool = False, requantize: bool = False):
             kernel is exactly the trained one (the dequantized base with the
             free values). Quantizing again rounds the free values to the grid
             (and may change their channels' scales): it moves the outputs by
-            what quantizing the float merged model moves them, measured
-            (``tests/test_quantized_base.py``; a Dense and an EinsumDense, 5%
-            random trained by Adam) at 0.4% of the outputs' largest value for
-            int8, 1.6% for int4 per channel and 2.3% for Keras' default int4
-            (groups of 128), and at 0.7% of the logits of a tiny keras-hub
-            GPT-2 in int8 with 1% trained.
+            about what quantizing the float merged model moves them (at most
+            twice that in ``tests/test_quantized_base.py``, which prints both
+            for int8 and int4).
 
     Returns:
         The merged ``keras.Model`` (``model`` itself with ``in_place=True``),
@@ -341,6 +338,7 @@ def merge(model, *, in_place: bool = False, requantize: bool = False):
         merged = _clone(
             model,
             replace=lambda layer: layer.to_dense if id(layer) in top else None,
+            what="merge",
         )
     else:
         merged = _copy(model, "merge")
@@ -373,7 +371,7 @@ def merge(model, *, in_place: bool = False, requantize: bool = False):
 def _copy(model, what: str):
     """A copy of ``model`` with copies of its weights, rebuilt from its config."""
     if _is_container(model):
-        return _clone(model)
+        return _clone(model, what=what)
     try:
         config = keras.saving.serialize_keras_object(model)
         config.pop("compile_config", None)
@@ -384,13 +382,15 @@ def _copy(model, what: str):
             f"config, so {what} cannot copy it ({err}). Pass `in_place=True` to "
             "convert its own layers."
         ) from None
+    _compat.resolve_policy_maps(copy)  # Keras' quantize misreads a map
+    _match_quantization(model, copy, what)
     lost = sorted({v.path for v in model.weights} - {v.path for v in copy.weights})
     if len(copy.weights) != len(model.weights) and lost:
         raise ValueError(
             f"`model` ({type(model).__name__}) rebuilt from its config lacks "
             f"weights it has: {lost[:5]}, so {what} cannot copy it (a layer "
-            "Keras quantized outside what the config records, such as a "
-            "keras-hub task's head). Pass `in_place=True` to convert its own "
+            "made or changed outside what the config records). Pass "
+            "`in_place=True` to convert its own "
             f"layers. Received: {len(model.weights)} weights, "
             f"{len(copy.weights)} rebuilt"
         )
@@ -417,7 +417,7 @@ def _copy_weights(source, target) -> None:
     target.set_weights([np.array(w) for w in values])
 
 
-def _clone(model, replace=lambda layer: None):
+def _clone(model, replace=lambda layer: None, what: str = "partialize"):
     """A copy of a functional or Sequential ``model`` with its weights;
     ``replace(layer)`` may give a function that returns the layer to use
     instead of a copy."""
@@ -432,11 +432,95 @@ def _clone(model, replace=lambda layer: None):
         return new
 
     copy = keras.models.clone_model(model, clone_function=clone)
-    for layer in copy.layers:
-        source = originals.get(id(layer))
-        if source is not None:
-            _copy_weights(source, layer)
+    pairs = [
+        (originals[id(layer)], layer) for layer in copy.layers if id(layer) in originals
+    ]
+    for source, layer in pairs:  # every refusal before any quantization
+        _quantization_pairs(source, layer, what)
+    for source, layer in pairs:
+        _match_quantization(source, layer, what)
+        _copy_weights(source, layer)
     return copy
+
+
+def _quantization_mode(layer):
+    """The mode Keras quantized ``layer`` in (``"int8"``, ...), or ``None``."""
+    return getattr(_compat.layer_policy(layer), "quantization_mode", None)
+
+
+def _quantization_pairs(source, copy, what: str) -> list:
+    """The sub-layers of ``copy`` (``source`` rebuilt from its config) that
+    ``quantize`` must turn into their source's quantization, each with its
+    source; a ``ValueError`` where the copy cannot be given it.
+
+    A layer whose config does not describe its sub-layers (a
+    ``MultiHeadAttention``, a keras-hub task's head) rebuilds them in float,
+    whatever Keras quantized in the source.
+    """
+    pairs = [(source, copy)] + list(
+        zip(_compat.sub_layers(source), _compat.sub_layers(copy))
+    )
+    quantized_ones = [(s, c) for s, c in pairs if _quantization_mode(s) is not None]
+    if not quantized_ones:
+        return []
+    mine, rebuilt = _compat.sub_layers(source), _compat.sub_layers(copy)
+    if len(mine) != len(rebuilt) or any(
+        type(s).__name__ != type(c).__name__ for s, c in pairs
+    ):
+        raise _copy_refusal(
+            source,
+            quantized_ones[0][0],
+            "its config rebuilds it with other sub-layers "
+            f"({[type(c).__name__ for c in rebuilt][:6]}, not "
+            f"{[type(s).__name__ for s in mine][:6]})",
+            what,
+        )
+    todo = []
+    for s, c in quantized_ones:
+        mode, have = _quantization_mode(s), _quantization_mode(c)
+        if have == mode:
+            continue
+        if have is not None:
+            why = f"its config rebuilds it in {have!r}"
+        elif mode not in _COPY_MODES:
+            why = f"a copy cannot be quantized in {mode!r} without its calibration data"
+        else:
+            todo.append((s, c))
+            continue
+        raise _copy_refusal(source, s, why, what)
+    return todo
+
+
+def _copy_refusal(source, layer, why: str, what: str) -> ValueError:
+    """The refusal of a copy that cannot have ``layer``'s quantization."""
+    return ValueError(
+        f"`model` holds {_where(layer)} ({type(layer).__name__}), which Keras "
+        f"quantized in {_quantization_mode(layer)!r} inside layer "
+        f"{source.name!r} ({type(source).__name__}), and {why}, so {what} "
+        "cannot copy `model` with its quantization. Pass `in_place=True` to "
+        f"{'fold' if what == 'merge' else 'convert'} its own layers."
+    )
+
+
+#: The modes a copy's sub-layer is given by Keras' own ``quantize`` (gptq and
+#: awq need the data they were calibrated on).
+_COPY_MODES = ("int8", "int4", "float8")
+
+
+def _match_quantization(source, copy, what: str) -> None:
+    """Quantize each sub-layer of ``copy`` (``source`` rebuilt from its
+    config and built) that Keras quantized in ``source``, in the same mode
+    and config, with Keras' own ``quantize``, before the weights are copied."""
+    for s, c in _quantization_pairs(source, copy, what):
+        mode = _quantization_mode(s)
+        try:
+            c.quantize(
+                mode, config=getattr(s, "quantization_config", None), type_check=False
+            )
+        except (NotImplementedError, TypeError, ValueError) as err:
+            raise _copy_refusal(
+                source, s, f"its copy could not be quantized so ({err})", what
+            ) from None
 
 
 # -- what trains: the rest frozen, and a summary of it -------------------------

@@ -1567,6 +1567,7 @@ class _HostMixin:
                 for sub in _compat.sub_layers(self)
                 if not sub.trainable and sub.path
             ],
+            **_quantized_record(self),
         }
 
     @classmethod
@@ -1580,8 +1581,53 @@ class _Loader:
     @classmethod
     def from_config(cls, config):
         layer = keras.saving.deserialize_keras_object(config["layer"])
+        _requantize(layer, config.get("quantized", ()))
         _install(layer, config["partial"], config.get("frozen", ()))
         return layer
+
+
+def _quantized_record(host) -> dict:
+    """The sub-layers of ``host`` that Keras quantized (its plain config does
+    not record them: a ``MultiHeadAttention``'s projections after
+    ``model.quantize``), by path, with their mode and quantization config;
+    nothing for a host without any."""
+    record = [
+        {
+            "path": _relative(host, sub),
+            "mode": mode,
+            "config": keras.saving.serialize_keras_object(
+                getattr(sub, "quantization_config", None)
+            ),
+        }
+        for sub in _compat.sub_layers(host)
+        if (mode := getattr(_compat.layer_policy(sub), "quantization_mode", None))
+    ]
+    return {"quantized": record} if record else {}
+
+
+def _requantize(layer, records) -> None:
+    """Quantize the sub-layers of a rebuilt plain host that Keras had
+    quantized when it was saved (:func:`_quantized_record`), as Keras
+    quantizes them, before they become shells and the saved weights fill them."""
+    if not records:
+        return
+    _compat.resolve_policy_maps(layer)  # Keras' quantize misreads a map
+    by_path = {_relative(layer, sub): sub for sub in _compat.sub_layers(layer)}
+    for record in records:
+        sub = by_path.get(record["path"])
+        if sub is None:
+            raise ValueError(
+                f"Layer {layer.name!r} ({type(layer).__name__}) was rebuilt "
+                f"without a sub-layer at {record['path']!r}, where the saved "
+                f"model has a layer Keras quantized in {record['mode']!r}: the "
+                "layer's code builds different sub-layers than when it was saved."
+            )
+        if getattr(_compat.layer_policy(sub), "quantization_mode", None) is None:
+            sub.quantize(
+                record["mode"],
+                config=keras.saving.deserialize_keras_object(record["config"]),
+                type_check=False,
+            )
 
 
 # The one name of every host class loads in a fresh process, before any host
