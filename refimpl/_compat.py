@@ -426,3 +426,293 @@ def require_loaded(what: str) -> NotLoadedError:
         "the model with `keras.saving.load_model`, or call `load_weights` "
         "(or `set_weights`) before using it."
     )
+
+
+# -- Keras' quantized kernels: the base of a partial weight -------------------
+# A Dense or EinsumDense that Keras quantized (``layer.quantize("int8")``)
+# keeps its kernel as integer codes (``_kernel``: int8, or two int4 codes per
+# byte) with float scales (``kernel_scale``; ``kernel_zero`` and ``g_idx`` for
+# int4 in groups, ``Int4QuantizationConfig(block_size=...)``). Keras has no
+# public way to read the float kernel they stand for, nor to multiply by them
+# without the layer's bias and activation: the functions below are the one
+# place refimpl reads that layout.
+
+#: The quantization modes a partial weight combines with (a Dense or EinsumDense).
+QUANTIZED_MODES = ("int8", "int4")
+
+_private(
+    "keras.src.quantizers.quantization_config.validate_and_resolve_config",
+    lambda: (
+        __import__(
+            "keras.src.quantizers.quantization_config", fromlist=["x"]
+        ).validate_and_resolve_config
+    ),
+)
+_private(
+    "keras.src.quantizers.utils.should_quantize_layer",
+    lambda: (
+        __import__("keras.src.quantizers.utils", fromlist=["x"]).should_quantize_layer
+    ),
+)
+for _cls in (keras.layers.Dense, keras.layers.EinsumDense):
+    for _name in ("_int8_call", "_int4_call"):
+        _private(f"{_cls.__name__}.{_name}", lambda c=_cls, n=_name: getattr(c, n))
+_private(
+    "EinsumDense._adjust_scale_for_dequant",
+    lambda: keras.layers.EinsumDense._adjust_scale_for_dequant,
+)
+
+
+def quantization_variables(layer) -> tuple:
+    """The scale variables of a quantized kernel, in Keras' order:
+    ``kernel_scale``, then ``kernel_zero`` and ``g_idx`` where Keras has them
+    (int4 in groups)."""
+    found = []
+    for name in ("kernel_scale", "kernel_zero", "g_idx"):
+        variable = getattr(layer, name, None)
+        if isinstance(variable, keras.Variable):
+            found.append(variable)
+    return tuple(found)
+
+
+def _int4_grid(layer) -> tuple[int, int]:
+    """The ``[rows, columns]`` a layer's int4 codes are stored as (packed by
+    pairs along the columns)."""
+    if isinstance(layer, keras.layers.EinsumDense):
+        return (
+            int(_attribute(layer, "_int4_rows")),
+            int(_attribute(layer, "_int4_unpacked_column_size")),
+        )
+    return (
+        int(_attribute(layer, "_orig_input_dim")),
+        int(_attribute(layer, "_orig_output_dim")),
+    )
+
+
+def _grouped(layer) -> bool:
+    block_size = getattr(layer, "_int4_block_size", None)
+    return block_size is not None and block_size != -1
+
+
+def quantized_kernel_shape(layer) -> tuple:
+    """The shape of the float kernel that a quantized layer's codes stand for."""
+    if layer.quantization_mode == "int8":
+        return tuple(int(d) for d in own_weight(layer, "kernel").shape)
+    if isinstance(layer, keras.layers.EinsumDense):
+        return tuple(int(d) for d in _attribute(layer, "original_kernel_shape"))
+    return _int4_grid(layer)
+
+
+def _dequant_scale(layer):
+    """An int8 kernel's scale, of the kernel's rank (1 on the reduced axes)."""
+    scale = keras.ops.convert_to_tensor(layer.kernel_scale)
+    if isinstance(layer, keras.layers.EinsumDense):
+        return _attribute(layer, "_adjust_scale_for_dequant")(scale)
+    return keras.ops.reshape(scale, (1, -1))
+
+
+def dequantized_kernel(layer, dtype="float32"):
+    """The float kernel of a quantized layer: every entry as
+    :func:`dequantized_entries` gives it (so the two agree bit for bit on
+    every backend; XLA may round a division by a broadcast scale otherwise).
+
+    int8: ``codes / kernel_scale``; int4: the unpacked codes divided by their
+    scale (per channel) or ``(codes - kernel_zero) * kernel_scale`` by group.
+    A tensor of :func:`quantized_kernel_shape`, in ``dtype``.
+    """
+    shape = quantized_kernel_shape(layer)
+    size = int(np.prod(shape))
+    every = keras.ops.arange(0, size, dtype="int32" if size < 2**31 else "int64")
+    return keras.ops.reshape(dequantized_entries(layer, every, dtype), shape)
+
+
+def dequantized_entries(layer, positions, dtype="float32"):
+    """The float kernel's entries at flat ``positions``: O(k), the codes and
+    their scales gathered, never the whole kernel. Equal, bit for bit, to
+    ``dequantized_kernel(layer).ravel()[positions]``."""
+    ops = keras.ops
+    positions = ops.convert_to_tensor(positions)
+    codes = ops.reshape(ops.convert_to_tensor(own_weight(layer, "kernel")), (-1,))
+    if layer.quantization_mode == "int8":
+        shape = quantized_kernel_shape(layer)
+        scale = _dequant_scale(layer)
+        scale_shape = tuple(int(d) for d in scale.shape)
+        index = ops.zeros_like(positions)
+        stride, scale_stride = 1, 1
+        for dim, scale_dim in zip(reversed(shape), reversed(scale_shape)):
+            if scale_dim != 1:
+                along = ops.mod(ops.floor_divide(positions, stride), dim)
+                index = index + along * scale_stride
+            stride *= dim
+            scale_stride *= scale_dim
+        picked = ops.take(ops.reshape(scale, (-1,)), index)
+        value = ops.divide(ops.cast(ops.take(codes, positions), dtype), picked)
+        return ops.cast(value, dtype)
+    rows, columns = _int4_grid(layer)
+    row = ops.floor_divide(positions, columns)
+    column = positions - row * columns
+    byte = ops.cast(ops.take(codes, row * ((columns + 1) // 2) + column // 2), "int32")
+    nibble = ops.bitwise_and(ops.right_shift(byte, (column % 2) * 4), 15)
+    code = ops.where(nibble >= 8, nibble - 16, nibble)
+    if _grouped(layer):
+        group = ops.cast(ops.take(ops.convert_to_tensor(layer.g_idx), row), "int32")
+        at = group * columns + column
+        scale = ops.reshape(ops.convert_to_tensor(layer.kernel_scale), (-1,))
+        zero = ops.reshape(ops.convert_to_tensor(layer.kernel_zero), (-1,))
+        scale = ops.take(scale, at)
+        shifted = ops.cast(code, scale.dtype) - ops.cast(
+            ops.take(zero, at), scale.dtype
+        )
+        value = ops.multiply(shifted, scale)
+    else:
+        scale = ops.take(ops.convert_to_tensor(layer.kernel_scale), column)
+        value = ops.divide(ops.cast(code, dtype), scale)
+    return ops.cast(value, dtype)
+
+
+class _WithoutBiasOrActivation:
+    """A layer as Keras' quantized call reads it, without its bias, its
+    activation and LoRA: that call's product alone."""
+
+    bias = None
+    activation = None
+    lora_enabled = False
+
+    def __init__(self, layer):
+        object.__setattr__(self, "_layer", layer)
+
+    def __getattr__(self, name):
+        return getattr(self._layer, name)
+
+
+def quantized_product(layer, inputs):
+    """Keras' own quantized product of ``layer`` (``Dense._int8_call`` and the
+    like), before its bias and activation: the inputs quantized as Keras
+    quantizes them, the integer product, and Keras' gradient for the inputs."""
+    name = f"_{layer.quantization_mode}_call"
+    for cls in type(layer).__mro__:
+        if cls.__module__.split(".")[0] == "keras" and name in cls.__dict__:
+            return cls.__dict__[name](_WithoutBiasOrActivation(layer), inputs)
+    raise ImportError(  # pragma: no cover - upgrades
+        f"refimpl multiplies by a quantized kernel through `{name}`, which "
+        f"{type(layer).__name__} of Keras {keras.__version__} does not have."
+    )
+
+
+def resolve_quantize_mode(mode, config):
+    """The mode a ``quantize(mode, config)`` call means, as Keras resolves it
+    (``config`` alone names it too); ``mode`` itself where Keras cannot."""
+    from keras.src.quantizers.quantization_config import validate_and_resolve_config
+
+    try:
+        return validate_and_resolve_config(mode, config).mode
+    except (ValueError, TypeError):
+        return mode
+
+
+def should_quantize(layer, filters) -> bool:
+    """Whether ``model.quantize(..., filters=filters)`` quantizes ``layer``."""
+    from keras.src.quantizers.utils import should_quantize_layer
+
+    return should_quantize_layer(layer, filters)
+
+
+def dispatch_quantize(layer) -> None:
+    """Make ``layer.quantize`` call the method of the layer's class now.
+
+    Keras binds ``quantize`` to the instance when a layer is made (with a
+    wrapper that resolves the config and unlocks the layer); a layer whose
+    class changes later (a partial layer, and back) would call the old
+    class's. This wrapper does what Keras' does, with the current class.
+    """
+
+    def quantize(mode=None, config=None, **kwargs):
+        from keras.src.quantizers.quantization_config import (
+            validate_and_resolve_config,
+        )
+
+        config = validate_and_resolve_config(mode, config)
+        mode = config.mode
+        layer._check_quantize_args(mode, layer.compute_dtype)
+        with unlocked(layer):
+            type(layer).quantize(layer, mode=mode, config=config, **kwargs)
+
+    quantize.__doc__ = type(layer).quantize.__doc__
+    layer.__dict__["quantize"] = quantize
+
+
+_BEFORE_MODEL_QUANTIZE: list = []
+
+
+def before_model_quantize(check) -> None:
+    """Run ``check(model, mode, config, filters)`` at the start of every
+    ``Model.quantize``, before Keras changes any layer.
+
+    ``Model.quantize`` quantizes layer after layer, and skips with a warning
+    a layer whose ``quantize`` raises ``NotImplementedError``: a check in a
+    layer's own ``quantize`` comes after the layers before it changed. This
+    wraps ``keras.Model.quantize`` once (every model made from then on, and a
+    model given to :func:`dispatch_quantize`, calls it).
+    """
+    _BEFORE_MODEL_QUANTIZE.append(check)
+    original = keras.Model.quantize
+    if getattr(original, "_refimpl_checked", False):
+        return
+
+    @functools.wraps(original)
+    def quantize(self, mode=None, config=None, filters=None, **kwargs):
+        for hook in _BEFORE_MODEL_QUANTIZE:
+            hook(self, mode, config, filters)
+        return original(self, mode=mode, config=config, filters=filters, **kwargs)
+
+    quantize._refimpl_checked = True
+    keras.Model.quantize = quantize
+
+
+#: What Keras' ``quantize`` adds to a Dense or EinsumDense besides its variables.
+_QUANTIZATION_ATTRIBUTES = (
+    "_is_quantized",
+    "inputs_quantizer",
+    "quantization_axis",
+    "_int4_block_size",
+    "_orig_input_dim",
+    "_orig_output_dim",
+    "_int4_unpacked_column_size",
+    "_int4_rows",
+    "original_kernel_shape",
+)
+
+
+def unquantize(layer, kernel, drop=()) -> None:
+    """Turn a quantized Dense or EinsumDense back into its float form, in place.
+
+    Every variable of ``layer`` is removed (the codes, the scales); the layer
+    gets its float dtype policy back and is built again by its class's
+    ``build`` (call it once the layer has its plain class), in the plain
+    layer's order of variables, with ``kernel`` (a NumPy array) as its kernel
+    and its old bias. The attributes named in ``drop`` go too.
+    """
+    policy = layer.dtype_policy
+    source = _attribute(policy, "_source_name")
+    bias = (
+        None if layer.bias is None else np.array(keras.ops.convert_to_numpy(layer.bias))
+    )
+    input_shape = layer.get_build_config()["input_shape"]
+    owned = list(layer._trainable_variables) + list(layer._non_trainable_variables)
+    for variable in owned:
+        layer._untrack_variable(variable)
+    for name in ("_kernel", "kernel_scale", "kernel_zero", "g_idx", "bias", *drop):
+        if name in vars(layer):
+            # Keras' Layer.__delattr__ without its gc.collect() per variable.
+            super(keras.layers.Layer, layer).__delattr__(name)
+    for name in _QUANTIZATION_ATTRIBUTES:
+        vars(layer).pop(name, None)
+    layer.quantization_config = None
+    layer.dtype_policy = keras.dtype_policies.get(source)
+    with unlocked(layer):
+        layer.built = False
+        type(layer).build(layer, input_shape)  # the plain class's, not the wrapper
+        layer.built = True
+    own_weight(layer, "kernel").assign(kernel)
+    if bias is not None:
+        layer.bias.assign(bias)

@@ -25,17 +25,19 @@ import gc
 import keras
 import numpy as np
 
-from refimpl import _compat
+from refimpl import _compat, quantized
 from refimpl.layers.partial import (
     PartialWeightMixin,
     _check_layout,
     _is_container,
+    _is_quantized_kernel,
     _is_supported,
     _mark_hosts,
     _supported_names,
     _target_weight,
     _unmark_hosts,
     _weight_names,
+    _weight_shape,
     enable_partial,
 )
 from refimpl.masks import _describe, _variable_path, to_mask
@@ -175,6 +177,7 @@ def partialize(
     if train != "all":
         _freeze_others(target, keep)
     _mark_hosts(target)
+    _compat.dispatch_quantize(target)  # refimpl's check before Keras' quantize
     if summary:
         trainable_summary(target, print_fn=print)
     _uncompile(target)
@@ -221,7 +224,7 @@ def _check_model(model, what: str, *, allow_subclassed: bool = False) -> None:
         )
 
 
-def merge(model, *, in_place: bool = False):
+def merge(model, *, in_place: bool = False, requantize: bool = False):
     """Return the plain Keras model: every partial weight folded back, at every depth.
 
     Each partial layer becomes its plain Keras class again, with the trained
@@ -243,6 +246,17 @@ def merge(model, *, in_place: bool = False):
             (every keras-hub model), or any model with ``in_place=True``.
         in_place: fold ``model``'s own layers instead of a copy's (as for a
             subclassed model converted in place).
+        requantize: for a layer whose base Keras quantized (int8, int4:
+            :mod:`refimpl.quantized`), quantize the merged kernel again, in
+            the same mode and config, with Keras' own quantizer. By default
+            (``False``) such a layer becomes the float plain layer, whose
+            kernel is exactly the trained one (the dequantized base with the
+            free values). Quantizing again rounds the free values to the
+            grid and may change the scales of their channels: on the tests'
+            models (int8, a Dense and an EinsumDense, random 5% trained by
+            Adam) the merged, requantized model's outputs differ from the
+            unmerged model's by at most about 1% of the outputs' scale
+            (``tests/test_quantized_base.py`` measures it).
 
     Returns:
         The merged ``keras.Model`` (``model`` itself with ``in_place=True``),
@@ -272,6 +286,10 @@ def merge(model, *, in_place: bool = False):
     if not isinstance(in_place, bool):
         raise TypeError(
             f"`in_place` must be True or False. Received: {_describe(in_place)}"
+        )
+    if not isinstance(requantize, bool):
+        raise TypeError(
+            f"`requantize` must be True or False. Received: {_describe(requantize)}"
         )
     own = [
         pw.owner
@@ -317,7 +335,13 @@ def merge(model, *, in_place: bool = False):
         merged = _copy(model, "merge")
     for layer in _compat.sub_layers(merged):
         if isinstance(layer, PartialWeightMixin):
+            base = layer.partial_weight.quantized
+            again = None
+            if requantize and base is not None:
+                again = (base.mode, layer.quantization_config)
             layer._fold()
+            if again is not None:  # Keras' own quantizer, on the merged kernel
+                layer.quantize(again[0], config=again[1], type_check=False)
     gc.collect()  # once, for the variables every fold removed
     _unmark_hosts(merged)
     _uncompile(merged)
@@ -348,9 +372,27 @@ def _copy(model, what: str):
             f"config, so {what} cannot copy it ({err}). Pass `in_place=True` to "
             "convert its own layers."
         ) from None
-    # Copies: JAX's trainer donates a model's buffers to its step.
-    copy.set_weights([np.array(w) for w in model.get_weights()])
+    _copy_weights(model, copy)
     return copy
+
+
+def _copy_weights(source, target) -> None:
+    """Set ``target``'s weights to copies of ``source``'s (a layer or model
+    rebuilt from its config).
+
+    Paired by path where both have the same paths, each once: a layer that
+    Keras quantized (float8) makes its variables in another order when it is
+    rebuilt from its config. Otherwise in order, as ``set_weights`` pairs them.
+    """
+    old, new = source.weights, target.weights
+    paths = [v.path for v in old]
+    if len(set(paths)) == len(paths) and sorted(paths) == sorted(v.path for v in new):
+        by_path = dict(zip(paths, old))
+        values = [keras.ops.convert_to_numpy(by_path[v.path]) for v in new]
+    else:
+        values = source.get_weights()
+    # Copies: JAX's trainer donates a model's buffers to its step.
+    target.set_weights([np.array(w) for w in values])
 
 
 def _clone(model, replace=lambda layer: None):
@@ -371,7 +413,7 @@ def _clone(model, replace=lambda layer: None):
     for layer in copy.layers:
         source = originals.get(id(layer))
         if source is not None:
-            layer.set_weights([np.array(w) for w in source.get_weights()])
+            _copy_weights(source, layer)
     return copy
 
 
@@ -541,21 +583,21 @@ def _resolve(model, masks):
 
 
 def _check_plain(key, layer) -> None:
-    """Refuse, before anything is converted, a layer that LoRA or
-    quantization has changed: a partial weight combines with neither."""
+    """Refuse, before anything is converted, a layer that LoRA has changed, or
+    that Keras quantized in a way a partial weight does not combine with
+    (:mod:`refimpl.quantized`: int8 and int4 of a Dense or EinsumDense do)."""
     if getattr(layer, "lora_enabled", False):
-        what = "LoRA (`enable_lora`)"
-        todo = "Convert the model without LoRA, or leave this layer out"
-    elif getattr(layer, "quantization_mode", None):
-        what = f"{layer.quantization_mode} quantization"
-        todo = "Convert the float model before quantizing it, or leave this layer out"
-    else:
-        return
-    raise ValueError(
-        f"`layer_masks[{key!r}]` names layer {_where(layer)} of type "
-        f"{type(layer).__name__}, which uses {what}: a partial weight does not "
-        f"combine with it. {todo}"
-    )
+        raise ValueError(
+            f"`layer_masks[{key!r}]` names layer {_where(layer)} of type "
+            f"{type(layer).__name__}, which uses LoRA (`enable_lora`): a partial "
+            "weight does not combine with it. Convert the model without LoRA, "
+            "or leave this layer out"
+        )
+    mode = getattr(layer, "quantization_mode", None)
+    if mode and not quantized.combines(layer, mode):
+        raise quantized.refusal(
+            layer, mode, argument=f"layer_masks[{key!r}]", order="partialize"
+        )
 
 
 def _match_keys(model, keys, name: str, layers=None):
@@ -622,5 +664,8 @@ def _weight_of(layer, key: str) -> str | None:
 def _policy_mask(layer, mask, name: str, weight: str | None = None) -> np.ndarray:
     weight = _target_weight(layer, weight)
     if callable(mask):
-        mask = mask(np.array(keras.ops.convert_to_numpy(weight)))
-    return to_mask(mask, tuple(weight.shape), name=name)
+        values = weight
+        if _is_quantized_kernel(layer, weight):  # a policy reads the float kernel
+            values = _compat.dequantized_kernel(layer)
+        mask = mask(np.array(keras.ops.convert_to_numpy(values)))
+    return to_mask(mask, _weight_shape(layer, weight), name=name)

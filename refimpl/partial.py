@@ -87,6 +87,13 @@ class PartialWeight:
         auto: whether the form was chosen by ``mode="auto"`` as ``"sparse"``
             or ``"delta"``, so the product may choose again when traced
             (:meth:`product_mode`).
+        quantized: for a kernel Keras quantized (``layer.quantize("int8")``
+            or ``"int4"``), its :class:`~refimpl.quantized.QuantizedBase`
+            (``base`` is then the integer codes, ``shape`` the float kernel's,
+            and the free values are floats); ``None`` otherwise.
+        scales: the quantized base's scale variables (``kernel_scale``, and
+            ``kernel_zero`` and ``g_idx`` for int4 in groups); ``()`` for a
+            float base.
 
     >>> import refimpl
     >>> layer = keras.layers.Dense(2, name="d")
@@ -97,12 +104,16 @@ class PartialWeight:
     ('d/kernel', 2, 'delta', [[0, 1], [0, 0], [1, 0]])
     """
 
-    def __init__(self, owner, base, free, positions, *, num_free, mode, auto):
+    def __init__(
+        self, owner, base, free, positions, *, num_free, mode, auto, quantized=None
+    ):
         self.owner = owner
         self.base = base
         self.free = free
         self.positions = positions
-        self.shape = tuple(base.shape)
+        # A base Keras quantized (refimpl.quantized.QuantizedBase), or None.
+        self.quantized = quantized
+        self.shape = tuple(base.shape) if quantized is None else quantized.shape
         self.num_free = int(num_free)
         self.mode = mode
         self.auto = bool(auto)
@@ -122,21 +133,30 @@ class PartialWeight:
         auto: bool,
         names=("free", "positions"),
         positions_first: bool = False,
+        quantized=None,
     ) -> PartialWeight:
         """Add the free values and positions to ``owner`` around the variable ``base``.
 
         ``positions`` (sorted flat positions) is ``None`` for a :term:`shell`,
         whose positions and free values come with the saved weights. The base
         is made non-trainable; its regularizer applies to the free entries
-        alone, and its (elementwise) constraint to the free values.
+        alone, and its (elementwise) constraint to the free values. For a
+        base Keras quantized (``quantized``, a
+        :class:`~refimpl.quantized.QuantizedBase`; ``base`` is its codes) the
+        free values are floats of the layer's variable dtype, starting at the
+        dequantized entries.
         """
         base.trainable = False
-        shape = tuple(base.shape)
+        shape = tuple(base.shape) if quantized is None else quantized.shape
         select = mode == "select"
         holder = cls.__new__(cls)
         if positions is None:
             start_positions = _compat.shell_initializer()
             start_free = "zeros"
+        elif quantized is not None:
+            start_positions = _initializer(positions)
+            at = keras.ops.convert_to_tensor(np.asarray(positions, _index_dtype(shape)))
+            start_free = _initializer(keras.ops.convert_to_numpy(quantized.entries(at)))
         else:
             value = keras.ops.convert_to_numpy(base)
             start_positions = _initializer(positions)
@@ -162,7 +182,7 @@ class PartialWeight:
                 name=free_names,
                 shape=shape if select else (int(num_free),),
                 initializer=start_free,
-                dtype=base.dtype,
+                dtype=base.dtype if quantized is None else quantized.dtype,
                 regularizer=None
                 if regularizer is None
                 else _FreeEntries(regularizer, holder),
@@ -178,10 +198,16 @@ class PartialWeight:
             num_free=num_free,
             mode=mode,
             auto=auto,
+            quantized=quantized,
         )
         return holder
 
     # -- what it is ----------------------------------------------------------
+    @property
+    def scales(self) -> tuple:
+        """The quantized base's scale variables; ``()`` for a float base."""
+        return () if self.quantized is None else self.quantized.scales
+
     @property
     def path(self) -> str:
         """The base variable's path (``"dense/kernel"``).
@@ -256,7 +282,8 @@ class PartialWeight:
         Args:
             base: the base's value as the caller reads it (a layer passes its
                 own variable, autocast inside its ``call``); by default
-                ``self.base.value``.
+                ``self.base.value``. A quantized base is read as the float
+                kernel its codes and scales stand for (``base`` unused).
 
         >>> import refimpl
         >>> pv = refimpl.PartialVariable(np.ones((2, 2), "float32"), [[0, 1]])
@@ -266,6 +293,10 @@ class PartialWeight:
                [1., 1.]], dtype=float32)
         """
         self.check_loaded()
+        if self.quantized is not None:  # the dequantized kernel, in float
+            dequantized = self.quantized.dequantized()
+            value = compose(dequantized, self.positions.value, self.free.value)
+            return _layouts.constrained(value, self.base)
         base = self.base.value if base is None else base
         free = self.free.value
         if self.mode == "select":

@@ -94,9 +94,27 @@ def _read(arrays: dict, header: dict, key: str, dtype: str) -> np.ndarray:
     return array if name is None else array.view(np.dtype(name))
 
 
-def _fingerprint(array: np.ndarray) -> dict:
-    digest = hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
-    return {"shape": list(array.shape), "dtype": array.dtype.name, "sha256": digest}
+def _fingerprint(array: np.ndarray, scales=()) -> dict:
+    """The base's shape, dtype and checksum; for a base Keras quantized, the
+    checksum covers its codes (``array``) and every scale (``scales``), whose
+    shapes and dtypes the fingerprint lists too."""
+    hasher = hashlib.sha256(np.ascontiguousarray(array).tobytes())
+    for scale in scales:
+        hasher.update(np.ascontiguousarray(scale).tobytes())
+    found = {"shape": list(array.shape), "dtype": array.dtype.name}
+    if len(scales):
+        found["scales"] = [[list(a.shape), a.dtype.name] for a in scales]
+    return {**found, "sha256": hasher.hexdigest()}
+
+
+def _scales(variable, layer) -> list:
+    """The scales of ``variable`` if it is the codes of a kernel Keras
+    quantized (:mod:`refimpl.quantized`), as NumPy arrays; else ``[]``."""
+    from refimpl.layers.partial import _is_quantized_kernel
+
+    if not _is_quantized_kernel(layer, variable):
+        return []
+    return [_numpy(v) for v in _compat.quantization_variables(layer)]
 
 
 def _weights(model) -> list[tuple[str, object, object]]:
@@ -338,13 +356,16 @@ def save_partial_weights(model, path) -> dict:
         base = _numpy(pw.base)
         positions = np.sort(_numpy(pw.positions).astype(np.int64))
         composed = np.asarray(keras.ops.convert_to_numpy(pw.value()))
-        values = composed.astype(base.dtype).reshape(-1)[positions]
+        # A quantized base's free values are floats, its codes integers.
+        dtype = base.dtype if pw.quantized is None else _numpy(pw.free).dtype
+        values = composed.astype(dtype).reshape(-1)[positions]
         first, arrays[f"gaps_{i}"] = _gaps(positions)
         _store(arrays, header, f"values_{i}", values)
+        scales = [] if pw.quantized is None else [_numpy(v) for v in pw.scales]
         header["partial"].append(
             {
                 "path": name,
-                "base": _fingerprint(base),
+                "base": _fingerprint(base, scales),
                 "num_free": len(positions),
                 "first": first,
             }
@@ -416,20 +437,32 @@ def load_partial_weights(model, path) -> None:
     bases = {id(pw.base): pw for pw in partial_weights(model)}
     writes = []
     for i, record in enumerate(header["partial"]):
-        variable, _ = found[record["path"]]
+        variable, layer = found[record["path"]]
         base = _numpy(variable)
-        if _fingerprint(base) != record["base"]:
+        scales = _scales(variable, layer)
+        if _fingerprint(base, scales) != record["base"]:
             raise ValueError(
                 f"The base of {record['path']!r} in `model` (shape {base.shape}, "
-                f"dtype {base.dtype.name}) is not the one its entries were trained "
-                f"on (shape {tuple(record['base']['shape'])}, dtype "
-                f"{record['base']['dtype']}, another checksum): the entries would "
-                f"land on other values. Received: path={path!r}"
+                f"dtype {base.dtype.name}{_scales_text(scales)}) is not the one "
+                f"its entries were trained on (shape "
+                f"{tuple(record['base']['shape'])}, dtype "
+                f"{record['base']['dtype']}"
+                f"{_scales_text(record['base'].get('scales', []))}, another "
+                "checksum of its values and scales): the entries would land on "
+                f"other values. Received: path={path!r}"
             )
         values = _read(arrays, header, f"values_{i}", base.dtype.name)
         positions = _positions(arrays, record, i, version)
         pw = bases.get(id(variable))  # None: a plain weight takes them merged
-        if pw is not None and pw.num_free != len(positions):
+        if pw is None and scales:
+            # Integer codes cannot take the float values: the layer becomes
+            # partial, with the file's positions (its codes and scales stay).
+            pw = (layer, positions)
+        if (
+            pw is not None
+            and not isinstance(pw, tuple)
+            and pw.num_free != len(positions)
+        ):
             raise ValueError(
                 f"{pw.owner.name!r} has {pw.num_free} free entries and the "
                 f"file has {len(positions)} for {record['path']!r}: convert the "
@@ -457,7 +490,17 @@ def load_partial_weights(model, path) -> None:
                 f"Received: path={path!r}"
             )
         writes.append((variable, None, None, None, value))
+    converted = False
     for variable, pw, base, positions, values in writes:
+        if isinstance(pw, tuple):  # a quantized plain layer: made partial
+            from refimpl.layers.partial import enable_partial
+
+            layer, _ = pw
+            mask = np.zeros(int(np.prod(_compat.quantized_kernel_shape(layer))), bool)
+            mask[positions] = True
+            shape = _compat.quantized_kernel_shape(layer)
+            enable_partial(layer, mask.reshape(shape), mode="auto")
+            pw, converted = layer.partial_weight, True
         if positions is None:
             variable.assign(values)
         elif pw is not None:
@@ -473,3 +516,15 @@ def load_partial_weights(model, path) -> None:
             merged = base.reshape(-1).copy()
             merged[positions] = values
             variable.assign(merged.reshape(base.shape))
+    if converted:
+        from refimpl.layers.partial import _mark_hosts
+
+        _mark_hosts(model)
+
+
+def _scales_text(scales) -> str:
+    """How a message names a quantized base's scales (nothing for a float base)."""
+    if not len(scales):
+        return ""
+    shapes = [tuple(s.shape) if hasattr(s, "shape") else tuple(s[0]) for s in scales]
+    return f", quantized, scales of shapes {shapes}"

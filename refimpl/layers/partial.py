@@ -59,7 +59,7 @@ import types
 import keras
 import numpy as np
 
-from refimpl import _compat, _layouts, backend, ops
+from refimpl import _compat, _layouts, backend, ops, quantized
 from refimpl.masks import _check_int, _describe, _mask_shape, to_mask
 from refimpl.ops import _LAYER_MODES, _check_mode, _mode_for, compose, sparse_matmul
 from refimpl.partial import PartialWeight
@@ -115,6 +115,10 @@ def _composing(plain_class, target, attribute: bool = False):
     inherited = getattr(plain_class, target)
 
     def fget(self):
+        holder = self.__dict__.get("partial_weight")
+        if holder is not None and holder.quantized is not None:
+            if self._partial_target == target:  # the float kernel, trained
+                return holder.value()
         value = inherited.fget(self)
         if self._partial_target != target:
             return self._partial_other(target, value)
@@ -143,6 +147,78 @@ def _check_constraint(constraint, name) -> None:
 def _plain_class(layer) -> type:
     """The plain Keras class of a partial layer (``Conv2D`` for ``PartialConv2D``)."""
     return next(c for c in type(layer).__mro__ if not issubclass(c, PartialWeightMixin))
+
+
+def _is_quantized_kernel(layer, base) -> bool:
+    """Whether ``base`` is the codes of a kernel Keras quantized in a mode a
+    partial weight combines with (int8, int4 of a Dense or EinsumDense)."""
+    mode = getattr(layer, "quantization_mode", None)
+    return bool(
+        mode
+        and quantized.combines(layer, mode)
+        and base is getattr(layer, "_kernel", None)
+    )
+
+
+def _quantized_base(layer, base):
+    """The :class:`~refimpl.quantized.QuantizedBase` of ``base`` if it is a
+    quantized kernel (:func:`_is_quantized_kernel`); else ``None``."""
+    return quantized.QuantizedBase(layer) if _is_quantized_kernel(layer, base) else None
+
+
+def _weight_shape(layer, base) -> tuple:
+    """The shape of the weight ``base`` holds: the float kernel's for the codes
+    of a quantized kernel (int4 codes are packed two per byte)."""
+    if _is_quantized_kernel(layer, base):
+        return _compat.quantized_kernel_shape(layer)
+    return tuple(base.shape)
+
+
+def _select_refusal(layer) -> ValueError:
+    return ValueError(
+        "`mode` 'select' keeps a float weight of the kernel's shape beside the "
+        f"kernel, and layer {layer.name!r} holds its kernel as "
+        f"{layer.quantization_mode} codes: a quantized base takes the 'delta', "
+        "'sparse' (Dense), 'slices' or 'auto' form. Received: mode='select'"
+    )
+
+
+def _plain_quantizes(layer) -> bool:
+    """Whether Keras quantizes a layer of ``layer``'s plain class at all."""
+    return _plain_class(layer).quantize is not keras.layers.Layer.quantize
+
+
+def _check_quantize(layer, mode, *, argument="mode") -> None:
+    """Refuse, naming ``mode`` and ``layer``, a quantization of a partial
+    layer that a partial weight does not combine with."""
+    if not quantized.combines(layer, mode):
+        raise quantized.refusal(layer, mode, argument=argument, order="quantize")
+    holder = layer.__dict__.get("partial_weight")
+    if holder is not None and holder.mode == "select" and not holder.auto:
+        raise ValueError(
+            f"`{argument}` {mode!r} cannot quantize layer "
+            f"{layer.path or layer.name!r}, whose partial weight is in the "
+            "'select' form (a float weight of the kernel's shape): nothing was "
+            "changed. Convert it with mode='delta', 'sparse', 'slices' or "
+            f"'auto' to quantize it. Received: {argument}={mode!r}"
+        )
+
+
+def _check_model_quantize(model, mode, config, filters) -> None:
+    """Before ``model.quantize`` changes any layer: refuse a mode that a
+    partial layer it would quantize does not combine with."""
+    mode = _compat.resolve_quantize_mode(mode, config)
+    for layer in [model, *_compat.sub_layers(model)]:
+        if (
+            isinstance(layer, PartialWeightMixin)
+            and "partial_weight" in layer.__dict__
+            and _plain_quantizes(layer)
+            and _compat.should_quantize(layer, filters)
+        ):
+            _check_quantize(layer, mode)
+
+
+_compat.before_model_quantize(_check_model_quantize)
 
 
 class PartialWeightMixin:
@@ -204,10 +280,13 @@ class PartialWeightMixin:
     # -- creation --------------------------------------------------------------
     def _partial_add_weights(self, num_free, positions, mode, auto):
         base = self._partial_base()
-        shape = tuple(base.shape)
+        quantized_base = _quantized_base(self, base)
+        shape = _weight_shape(self, base)
         size = int(np.prod(shape))
         if mode == "auto":
             mode = _mode_for(num_free, shape, jit_compile=False)
+            if mode == "select" and quantized_base is not None:
+                mode = "delta"  # no select form over codes
             auto = mode != "select"
             # Whole rows or columns (slices that span an axis) below half
             # a Dense or EinsumDense kernel: the benchmark's real-model rows
@@ -227,6 +306,8 @@ class PartialWeightMixin:
                 f"computes through its kernel. Received: mode='sparse' for layer "
                 f"{self.name!r} of type {_plain_class(self).__name__}"
             )
+        if mode == "select" and quantized_base is not None:
+            raise _select_refusal(self)
         holder = PartialWeight.create(
             self,
             base,
@@ -235,8 +316,10 @@ class PartialWeightMixin:
             mode=mode,
             auto=auto,
             names=("partial_free", "partial_positions"),
+            quantized=quantized_base,
         )
         self.__dict__["partial_weight"] = holder  # not a Keras-tracked attribute
+        _compat.dispatch_quantize(self)  # `quantize` of the partial class
         # The variables as attributes too: what tf.train.Checkpoint names them by.
         with _compat.unlocked(self):
             self._partial_free = holder.free
@@ -375,6 +458,66 @@ class PartialWeightMixin:
         layer._partial_rest_frozen = not rest_trainable
         return layer
 
+    # -- a base Keras quantized (refimpl.quantized) ----------------------------------
+    def _int8_call(self, inputs, *args, **kwargs):
+        holder = self.__dict__.get("partial_weight")
+        if holder is None or holder.quantized is None:
+            return super()._int8_call(inputs, *args, **kwargs)
+        return _quantized_output(self, inputs)
+
+    def _int4_call(self, inputs, *args, **kwargs):
+        holder = self.__dict__.get("partial_weight")
+        if holder is None or holder.quantized is None:
+            return super()._int4_call(inputs, *args, **kwargs)
+        return _quantized_output(self, inputs)
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        """Quantize the frozen base as Keras quantizes the plain layer; keep
+        the free values (trained or not) as floats.
+
+        What ``model.quantize(mode)`` calls. The base (the pretrained kernel)
+        becomes Keras' codes and scales, exactly those of the plain layer
+        quantized alike; the free values keep their float values and
+        positions, and the layer computes the quantized base's product plus
+        their correction (:mod:`refimpl.quantized`).
+
+        Raises:
+            ValueError: for a mode a partial weight does not combine with
+                (``"float8"``, ``"gptq"``, ``"awq"``; a layer other than a
+                ``Dense`` or ``EinsumDense``), before anything changes.
+        """
+        holder = self.__dict__.get("partial_weight")
+        if holder is None or not _plain_quantizes(self):
+            return super().quantize(mode, type_check=type_check, config=config)
+        mode = _compat.resolve_quantize_mode(mode, config)
+        _check_quantize(self, mode)
+        plain = self._partial_plain_class()
+        if type_check and plain not in (keras.layers.Dense, keras.layers.EinsumDense):
+            # What Keras says of the plain subclass, which it does not quantize.
+            raise self._not_implemented_error(self.quantize)
+        holder.check_loaded()
+        free = np.array(keras.ops.convert_to_numpy(holder.free))
+        positions = np.array(backend.read_now(holder.positions))
+        num_free, form = holder.num_free, "auto" if holder.auto else holder.mode
+        rest_frozen = getattr(self, "_partial_rest_frozen", False)
+        # Keras quantizes the plain layer's own kernel, the frozen base.
+        for variable in (holder.free, holder.positions):
+            _compat.untrack_variable(self, variable)
+        for name in ("_partial_free", "_partial_positions"):
+            super(keras.layers.Layer, self).__delattr__(name)
+        del self.__dict__["partial_weight"]
+        partial = type(self)
+        self.__class__ = plain
+        try:
+            with _compat.unlocked(self):
+                plain.quantize(self, mode, type_check=False, config=config)
+        finally:
+            self.__class__ = partial
+        self._partial_add_weights(num_free, positions, form, False)
+        self.partial_weight.free.assign(free)
+        if rest_frozen:
+            self.freeze_rest()
+
     # -- LoRA: refused ---------------------------------------------------------------
     def enable_lora(self, *args, **kwargs):
         """Refused: a partial weight and LoRA do not combine.
@@ -449,6 +592,9 @@ class PartialWeightMixin:
         holder = self.partial_weight
         holder.check_loaded()
         value = keras.ops.convert_to_numpy(getattr(self, self._partial_target))
+        if holder.quantized is not None:
+            self._fold_quantized(np.array(value))
+            return
         base = holder.base
         for variable in (holder.free, holder.positions):
             _compat.untrack_variable(self, variable)
@@ -466,6 +612,22 @@ class PartialWeightMixin:
         base.assign(np.array(value))
         for variable in self.weights:
             variable.trainable = True  # the plain layer's `trainable` governs
+
+    def _fold_quantized(self, value) -> None:
+        """``_fold`` of a quantized base: the float plain layer, with ``value``
+        (the dequantized kernel with the free values) as its kernel."""
+        for name in (
+            "partial_weight",
+            "_partial_shell",
+            "_partial_rest_frozen",
+            "_partial_target",
+        ):
+            self.__dict__.pop(name, None)
+        self.__class__ = self._partial_plain_class()
+        _compat.unquantize(self, value, drop=("_partial_free", "_partial_positions"))
+        _compat.dispatch_quantize(self)
+        for variable in self.weights:
+            variable.trainable = True
 
     def to_dense(self):
         """Return the plain Keras layer with the trained weight, bit for bit.
@@ -488,9 +650,19 @@ class PartialWeightMixin:
         ('Dense', True)
         """
         plain_class = self._partial_plain_class()
-        plain = plain_class.from_config(plain_class.get_config(self))
-        plain.build_from_config(self.get_build_config())
+        config = plain_class.get_config(self)
         holder = self.partial_weight
+        if holder.quantized is not None:  # the float layer
+            config["dtype"] = self.dtype_policy._source_name
+            config.pop("quantization_config", None)
+        plain = plain_class.from_config(config)
+        plain.build_from_config(self.get_build_config())
+        if holder.quantized is not None:
+            kernel = np.array(keras.ops.convert_to_numpy(holder.value()))
+            bias = [] if self.bias is None else [np.array(self.bias)]
+            plain.set_weights([kernel, *bias])
+            plain.trainable = self.trainable
+            return plain
         weights = []
         for variable in self.variables:
             if variable is holder.free or variable is holder.positions:
@@ -608,6 +780,26 @@ def _output(layer, inputs):
     return layer.activation(y) if layer.activation is not None else y
 
 
+def _quantized_output(layer, inputs):
+    """A partial layer's output over a base Keras quantized: Keras' own
+    quantized product, plus the free values' correction in the layer's form
+    (:func:`refimpl.quantized.correction`), then the bias and activation."""
+    holder = layer.partial_weight
+    holder.check_loaded()
+    y = _compat.quantized_product(layer, inputs)
+    correction = quantized.correction(
+        holder,
+        keras.ops.cast(inputs, y.dtype),
+        mode=holder.product_mode(),
+        product=_product(layer),
+        axes=layer._partial_slice_axes(),
+    )
+    y = keras.ops.add(y, correction)
+    if layer.bias is not None:
+        y = keras.ops.add(y, layer.bias)
+    return layer.activation(y) if layer.activation is not None else y
+
+
 def _product_call(plain_class):
     """The ``call`` of the partial class of a class :func:`output` computes.
 
@@ -685,6 +877,7 @@ def _rematerialized(layer, layer_call, wrapped, args, kwargs):
     """
     if (
         layer.partial_weight.mode != "delta"
+        or layer.partial_weight.quantized is not None
         or not ops._is_product(layer._partial_slice_axes())
         or not _keras_rematerializes(layer, args, kwargs)
     ):
@@ -893,8 +1086,8 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
         if shell is not None:
             self._partial_add_weights(shell[0], None, shell[1], shell[2])
         elif given[0] is not None:
-            shape = tuple(_compat.own_weight(self, "kernel").shape)
-            mask = to_mask(given[0], shape, name="trainable_mask")
+            base = _compat.own_weight(self, "kernel")
+            mask = to_mask(given[0], _weight_shape(self, base), name="trainable_mask")
             positions = np.flatnonzero(mask)
             self._partial_add_weights(len(positions), positions, given[1], False)
         if self._partial_rest_frozen:
@@ -921,6 +1114,11 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
         Returns:
             An unbuilt ``PartialDense``, usable once its weights load.
         """
+        config = dict(config)
+        if config.get("quantization_config") is not None:  # as Dense reads it
+            config["quantization_config"] = keras.saving.deserialize_keras_object(
+                config["quantization_config"]
+            )
         return cls(**config)
 
     @classmethod
@@ -1151,8 +1349,9 @@ def enable_partial(
     Raises:
         TypeError: for a layer of another class.
         ValueError: for a layer that is not built, is already partial, uses
-            LoRA or quantization, has a regularizer or constraint that is not
-            elementwise, or a mask that does not fit.
+            LoRA or a quantization other than a Dense's or EinsumDense's int8
+            or int4 (:mod:`refimpl.quantized`), has a regularizer or
+            constraint that is not elementwise, or a mask that does not fit.
 
     >>> from refimpl import enable_partial
     >>> layer = keras.layers.Dense(2)
@@ -1183,13 +1382,14 @@ def enable_partial(
         raise ValueError(
             f"`layer` must be built (call the model once). Received: {layer.name!r}"
         )
-    if getattr(layer, "lora_enabled", False) or getattr(
-        layer, "quantization_mode", None
-    ):
+    if getattr(layer, "lora_enabled", False):
         raise ValueError(
-            f"`layer` uses LoRA or quantization, which a partial weight does "
-            f"not combine with. Received: {layer.name!r}"
+            f"`layer` uses LoRA, which a partial weight does not combine with. "
+            f"Received: {layer.name!r}"
         )
+    quantization = getattr(layer, "quantization_mode", None)
+    if quantization and not quantized.combines(layer, quantization):
+        raise quantized.refusal(layer, quantization, argument="layer", order="other")
     names = _weight_names(layer)
     if weight is not None and weight not in names:
         raise ValueError(
@@ -1207,7 +1407,7 @@ def enable_partial(
             f"{type(base.regularizer).__name__}"
         )
     _check_constraint(base.constraint, layer.name)
-    bool_mask = to_mask(mask, tuple(base.shape), name="mask")
+    bool_mask = to_mask(mask, _weight_shape(layer, base), name="mask")
     _check_layout(layer, base, bool_mask, mode, weight)
     positions = np.flatnonzero(bool_mask)
     layer.__class__ = partial_class(plain)
@@ -1226,12 +1426,18 @@ def _check_layout(layer, base, mask, mode, weight=None) -> None:
     a ``LayoutMap`` entry named for a partial weight that does not fit it,
     or a mask of other than whole slices for ``"slices"``."""
     num_free = int(np.count_nonzero(mask))
+    shape = _weight_shape(layer, base)
+    quantized_base = _is_quantized_kernel(layer, base)
+    if mode == "select" and quantized_base:
+        raise _select_refusal(layer)
     if mode == "slices":
-        positions = np.flatnonzero(to_mask(mask, tuple(base.shape), name="mask"))
+        positions = np.flatnonzero(to_mask(mask, shape, name="mask"))
         name = weight or _weight_names(layer)[0]
-        ops._check_slices(layer, positions, tuple(base.shape), name)
+        ops._check_slices(layer, positions, shape, name)
     if mode == "auto":
-        mode = _mode_for(num_free, tuple(base.shape), jit_compile=False)
+        mode = _mode_for(num_free, shape, jit_compile=False)
+        if mode == "select" and quantized_base:
+            mode = "delta"
     _layouts.check_named(layer, base, num_free, select=mode == "select")
 
 
