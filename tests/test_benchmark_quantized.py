@@ -65,16 +65,23 @@ def test_weight_bytes_count_codes_as_one_byte_and_floats_as_four():
 
 
 @pytest.mark.parametrize(
-    "name, mode", [("int8 random 1%", "sparse"), ("int8 rows 1%", "slices")]
+    "name, forms",
+    [("int8 random 1%", {"delta", "sparse"}), ("int8 rows 1%", {"slices"})],
 )
-def test_partial_int8_variants_keep_the_codes_frozen(name, mode):
+def test_partial_int8_variants_add_float_free_values_to_frozen_codes(name, forms):
     model = _model(name)
     partial = _partial(model)
-    assert len(partial) == len(real_models._kernel_layers(keras, model))
-    assert {layer.partial_weight.mode for layer in partial} == {mode}
+    assert len(partial) == len(
+        real_models._kernel_layers(keras, real_models.build(keras, SIZES))
+    )
+    assert {layer.partial_weight.mode for layer in partial} <= forms
     assert all(layer.quantization_mode == "int8" for layer in partial)
+    assert all(layer.partial_weight.quantized is not None for layer in partial)
     assert not any(v.trainable for v in _codes(model))
+    free = [layer.partial_weight.free for layer in partial]
+    assert all(v.trainable and str(v.dtype) == "float32" for v in free)
     assert not model.get_layer("embedding").trainable
+    assert real_models._form(model) in forms
 
 
 @pytest.mark.slow
@@ -97,6 +104,7 @@ def test_quick_quantized_run_writes_every_variant_and_column(tmp_path):
         "step_mb",
         "training_mb",
         "training_vs_full",
+        "form",
     ]
     assert list(rows[0]) == columns
     by_name = {row["variant"]: row for row in rows}
@@ -106,7 +114,10 @@ def test_quick_quantized_run_writes_every_variant_and_column(tmp_path):
     for row in rows:
         held, step = float(row["held_mb"]), float(row["step_mb"])
         assert float(row["training_mb"]) == pytest.approx(held + step, abs=0.11)
-    # an int8 base holds a quarter of the float kernels' bytes, and more than none
+    assert by_name["int8 lora8"]["form"] == "lora"
+    assert by_name["int8 rows 1%"]["form"] == "slices"
+    assert by_name["full"]["form"] == ""
+    # an int8 base holds about a quarter of the float kernels' bytes
     full_bytes = int(by_name["full"]["weight_bytes"])
     assert int(by_name["int8 floor"]["weight_bytes"]) < full_bytes / 2
 

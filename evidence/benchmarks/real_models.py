@@ -47,9 +47,10 @@ alone (``results/real/cpu_transformer_components.csv``).
 * ``int8 lora8``: Keras' ``enable_lora(8)`` on every kernel, as Keras' own
   guide fine-tunes a quantized model;
 * ``int8 random 1%`` / ``int8 rows 1%``: ``refimpl.partialize`` of the int8
-  model, random entries (the ``"sparse"`` product) or whole input rows (the
-  ``"slices"`` products) of every kernel; the codes and scales stay frozen
-  and the free values are float32;
+  model (in place), random entries (``mode="auto"``) or whole input rows
+  (``"slices"``) of every kernel; the codes and scales stay frozen, the free
+  values are float32, and each layer adds their correction to Keras' int8
+  product (``form`` names the products the layers use);
 * ``int8 floor``: the int8 model with only norms and biases training.
 
 Its step times are ratios to ``full`` and to ``int8 lora8`` within each
@@ -119,10 +120,11 @@ QUANTIZED = (
 QUANTIZED_REFERENCES = ("full", "int8 lora8")
 #: The variants whose steps ``--quantized --components`` takes apart.
 QUANTIZED_COMPONENTS = ("floor", "int8 lora8", "int8 random 1%", "int8 rows 1%")
-#: The form each partial int8 variant asks ``partialize`` for: the sparse
-#: product for scattered entries and the dense sub-products for whole rows,
-#: so that the int8 kernel is never dequantized whole in a step.
-_INT8_MODES = {"random": "sparse", "rows": "slices"}
+#: The form each partial int8 variant asks ``partialize`` for: its automatic
+#: choice for scattered entries (at 1 %, the ``"delta"`` correction on every
+#: kernel; ``"sparse"`` exists for a ``Dense`` only, and is slower here) and
+#: the dense sub-products for whole rows. Neither dequantizes a whole kernel.
+_INT8_MODES = {"random": "auto", "rows": "slices"}
 #: The side of the kernel each slice variant frees whole.
 _SIDES = {"rows": "in", "channels": "in", "columns": "out", "filters": "out"}
 
@@ -212,10 +214,13 @@ def variant(name, keras, np, sizes):
     from refimpl import selection
 
     model = build(keras, sizes)
-    modes = {}
+    modes, in_place = {}, False
     if name.startswith("int8 "):  # quantized by Keras, then as the float variant
         _quantize(model, "int8")
         name, modes = name[len("int8 ") :], _INT8_MODES
+        # partialize's copy rebuilds MultiHeadAttention from its config, which
+        # does not say that its projections are quantized: convert in place
+        in_place = True
     layers = _kernel_layers(keras, model)
     if name == "full":
         return model
@@ -240,12 +245,14 @@ def variant(name, keras, np, sizes):
             with keras.RematScope(mode="list_of_layers", layer_names=names):
                 return refimpl.partialize(model, masks, train="all", mode="delta")
         mode = modes.get("random", "delta")
-        return refimpl.partialize(model, masks, train="all", mode=mode)
+        return refimpl.partialize(
+            model, masks, train="all", mode=mode, in_place=in_place
+        )
     kind = name.split()[0]
     side = _SIDES[kind]
     masks = {layer.path: _slice_mask(layer, np, density, side) for layer in layers}
     mode = "delta" if name.endswith("(delta)") else modes.get(kind, "slices")
-    return refimpl.partialize(model, masks, train="all", mode=mode)
+    return refimpl.partialize(model, masks, train="all", mode=mode, in_place=in_place)
 
 
 def _quantize(model, mode):
@@ -368,7 +375,22 @@ def memory_one(name: str, quick: bool, model_name: str = "transformer") -> dict:
         **weight_bytes(model),
         "held_mb": round(resident - before, 1),
         "training_mb": round(peak - before, 1),
+        "form": _form(model),
     }
+
+
+def _form(model) -> str:
+    """The products the kernels of ``model`` use: the partial weights' forms,
+    ``lora``, or nothing for plain kernels ("+" between several)."""
+    from refimpl import _compat
+
+    forms = set()
+    for layer in _compat.sub_layers(model):
+        if hasattr(layer, "partial_weight"):
+            forms.add(layer.partial_weight.product_mode())
+        elif getattr(layer, "lora_enabled", False):
+            forms.add("lora")
+    return "+".join(sorted(forms))
 
 
 #: The memory columns of the float tables (``cpu_{transformer,cnn}.csv``).
@@ -430,7 +452,10 @@ def stages(model, keras, tf):
     composing = [
         layer
         for layer in _compat.sub_layers(model)
-        if hasattr(layer, "partial_weight") and not _takes_over(layer)
+        if hasattr(layer, "partial_weight")
+        and not _takes_over(layer)
+        # a quantized base adds its correction to the int8 product instead
+        and getattr(layer.partial_weight, "quantized", None) is None
     ]
 
     @tf.function
@@ -570,6 +595,7 @@ def quantized(quick: bool, repeats: int, memory_repeats: int = 3) -> list[dict]:
             }
         )
         row["training_vs_full"] = round(found["training_mb"] / full, 3)
+        row["form"] = found["form"]
     return rows
 
 
