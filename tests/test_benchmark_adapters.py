@@ -61,6 +61,11 @@ def test_every_serving_gives_each_row_its_adapters_prediction(tmp_path):
     np.testing.assert_allclose(
         out["mixed"][base_rows], out["base"][base_rows], atol=1e-4
     )
+    np.testing.assert_allclose(out["mixed (all base)"], out["base"], atol=1e-4)
+    first = [row for row, name in enumerate(per_row) if name == "task0"]
+    np.testing.assert_allclose(
+        out["mixed (one adapter)"][first], out["mixed"][first], atol=1e-4
+    )
     tuned = [row for row, name in enumerate(per_row) if name is not None]
     assert not np.allclose(out["mixed"][tuned], out["base"][tuned], atol=1e-4)
 

@@ -22,6 +22,11 @@ over the eight adapters, in a shuffled order. Timed in interleaved rounds
   ``adapters.use(model, None)`` and ``model.predict``;
 * ``mixed``: ``adapters.predict(model, x, adapters=[name per row])``, the
   whole mixed batch at once;
+* ``mixed (all base)``: ``adapters.predict`` with ``None`` for every row: its
+  passes without any correction, so that ``mixed`` less this is what the
+  adapters' corrections cost;
+* ``mixed (one adapter)``: ``adapters.predict`` with one adapter for every
+  row: as many corrected rows as ``mixed``, in one slice per batch;
 * ``switching``: ``adapters.use`` per adapter, then ``model.predict`` of that
   adapter's rows, group after group (the rows put back in order).
 
@@ -41,7 +46,14 @@ import tempfile
 
 RESULTS = pathlib.Path(__file__).parent / "results" / "real"
 #: The servings timed, in the CSV's order.
-SERVINGS = ("base", "base (use None)", "mixed", "switching")
+SERVINGS = (
+    "base",
+    "base (use None)",
+    "mixed",
+    "mixed (all base)",
+    "mixed (one adapter)",
+    "switching",
+)
 ADAPTERS = 8
 DENSITY = 0.01
 
@@ -132,6 +144,14 @@ def servings(keras, np, sizes, folder) -> tuple[dict, object, list]:
     def mixed(x, _):
         return adapters.predict(model, x, adapters=per_row, batch_size=batch_size)
 
+    def mixed_all_base(x, _):
+        names = [None] * len(per_row)
+        return adapters.predict(model, x, adapters=names, batch_size=batch_size)
+
+    def mixed_one_adapter(x, _):
+        names = ["task0"] * len(per_row)
+        return adapters.predict(model, x, adapters=names, batch_size=batch_size)
+
     def switching(x, _):
         out = None
         for name, rows in groups.items():
@@ -146,6 +166,8 @@ def servings(keras, np, sizes, folder) -> tuple[dict, object, list]:
         "base": base,
         "base (use None)": base_use_none,
         "mixed": mixed,
+        "mixed (all base)": mixed_all_base,
+        "mixed (one adapter)": mixed_one_adapter,
         "switching": switching,
     }
     return functions, x, per_row
