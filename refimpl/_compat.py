@@ -692,8 +692,7 @@ def unquantize(layer, kernel, drop=()) -> None:
     layer's order of variables, with ``kernel`` (a NumPy array) as its kernel
     and its old bias. The attributes named in ``drop`` go too.
     """
-    policy = layer.dtype_policy
-    source = _attribute(policy, "_source_name")
+    source = _attribute(layer_policy(layer), "_source_name")
     bias = (
         None if layer.bias is None else np.array(keras.ops.convert_to_numpy(layer.bias))
     )
@@ -716,3 +715,35 @@ def unquantize(layer, kernel, drop=()) -> None:
     own_weight(layer, "kernel").assign(kernel)
     if bias is not None:
         layer.bias.assign(bias)
+
+
+def layer_policy(layer):
+    """The dtype policy that applies to ``layer``: its entry of a
+    ``DTypePolicyMap`` (a keras-hub model rebuilt from a config gives every
+    sub-layer the model's map), else its own."""
+    policy = layer.dtype_policy
+    if isinstance(policy, keras.dtype_policies.DTypePolicyMap) and layer.path:
+        return policy[layer.path]
+    return policy
+
+
+def resolve_policy_maps(model) -> None:
+    """Give every layer of ``model`` that reads its dtype policy from a
+    ``DTypePolicyMap`` its own entry of it, as a model built in code has.
+
+    A keras-hub model rebuilt from its config (as ``partialize`` and
+    ``merge`` copy it, or loaded from ``.keras``) after ``quantize`` gives
+    itself and every sub-layer the model's map. Keras' quantized layers then
+    misread it: ``Dense``/``Embedding.save_own_variables`` ask
+    ``layer.dtype_policy.quantization_mode``, which a map answers ``None``,
+    save ``None`` for the scale and ``model.save`` fails ("Invalid dtype:
+    object"); ``quantize`` names the new policy after the map ("Cannot convert
+    'map_float32'"). The model's config then records each layer's policy
+    again (keras-hub's ``Backbone.get_config`` makes the map from them).
+    """
+    for layer in [model, *sub_layers(model)]:
+        policy = getattr(layer, "_dtype_policy", None)
+        if isinstance(policy, keras.dtype_policies.DTypePolicyMap):
+            layer._dtype_policy = (
+                policy[layer.path] if layer.path else policy.default_policy
+            )

@@ -63,6 +63,15 @@ def _partial_layers(model):
     each ``PartialVariable`` (in a layer of your own too)."""
     layers = [pw.owner for pw in partial_weights(model) if pw.free.trainable]
     for layer in layers:
+        if layer.partial_weight.quantized is not None:
+            raise ValueError(
+                f"Layer {layer.name!r} holds its kernel as "
+                f"{layer.partial_weight.quantized.mode} codes (Keras' "
+                "`quantize`), which have no gradient to score entries by and no "
+                "float values to grow from: drop and grow needs a float base. "
+                "Drop and grow on the float model, then quantize it "
+                "(`model.quantize(...)` keeps the free values)."
+            )
         if layer.partial_weight.mode == "slices":
             raise ValueError(
                 f"Layer {layer.name!r} trains whole slices of its kernel "

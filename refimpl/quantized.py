@@ -50,6 +50,19 @@ class QuantizedBase:
         scales: the scale variables, in Keras' order: ``kernel_scale``, and
             ``kernel_zero`` and ``g_idx`` for int4 in groups.
         shape: the shape of the float kernel the codes stand for.
+
+    A partial weight over a quantized kernel holds one, as ``.quantized``:
+
+    >>> import refimpl
+    >>> layer = keras.layers.Dense(4, name="d")
+    >>> layer.build((None, 3))
+    >>> layer.quantize("int8")
+    >>> refimpl.enable_partial(layer, [[0, 1], [2, 3]])
+    >>> pw = layer.partial_weight
+    >>> pw.quantized.mode, pw.shape, pw.base.dtype, pw.free.dtype
+    ('int8', (3, 4), 'int8', 'float32')
+    >>> [v.name for v in pw.scales]
+    ['kernel_scale']
     """
 
     def __init__(self, layer):

@@ -4,7 +4,8 @@ keras-hub saves a LoRA fine-tune as its adapters alone
 (``save_lora_weights``); this is the same for a sparse fine-tune. The file
 (NumPy's ``.npz``, no pickles) holds, for each partial weight, its path, its
 free positions and values, and a fingerprint of the frozen base (its shape,
-dtype and a SHA-256 checksum of its bytes); and each layer that trained whole
+dtype and a SHA-256 checksum of its bytes; for a base Keras quantized, of its
+codes and every scale, whose shapes it lists too); and each layer that trained whole
 (a head or a norm kept with ``train=``), whole: every weight it has, trainable
 or not (a ``BatchNormalization``'s moving mean and variance too), as PEFT's
 ``modules_to_save`` keeps the whole module. The positions are stored as the
@@ -391,7 +392,11 @@ def load_partial_weights(model, path) -> None:
     entries are written into its weights, which then equal the fine-tuned
     model's merged weights) or converted with the same numbers of free
     entries (the positions and free values are set, and training can go on).
-    The weights of the layers that trained whole are set whole.
+    The weights of the layers that trained whole are set whole. A plain
+    layer whose kernel Keras quantized (int8, int4) cannot take float
+    entries into its integer codes: it becomes a partial layer in place
+    (``mode="auto"``), with the file's positions and values over its
+    unchanged codes and scales, and predicts what the fine-tuned model does.
 
     Returns:
         ``None``; ``model``'s weights change in place.
@@ -400,8 +405,9 @@ def load_partial_weights(model, path) -> None:
         TypeError: for a ``model`` that is not a Keras model.
         ValueError: for a ``model`` that is not built, a file that is not one
             of these, a weight it names that ``model`` does not have (or has
-            twice), or a base whose shape, dtype or values differ from the one
-            the entries were trained on.
+            twice), or a base whose shape, dtype or values (for a quantized
+            base, codes or scales) differ from the one the entries were
+            trained on.
 
     >>> from refimpl import load_partial_weights, save_partial_weights
     >>> import os, tempfile, refimpl

@@ -150,14 +150,15 @@ def _two_dense(change):
     return model
 
 
-@pytest.mark.parametrize("change", ["lora", "int8"])
+# (int8 and int4 combine with a partial weight: tests/test_quantized_base.py)
+@pytest.mark.parametrize("change", ["lora", "float8"])
 @pytest.mark.parametrize("in_place", [False, True])
 def test_partialize_of_a_lora_or_quantized_layer_is_refused_before_any_change(
     change, in_place
 ):
     model = _two_dense(change)
     before = _state(model)
-    what = "LoRA" if change == "lora" else "int8 quantization"
+    what = "LoRA" if change == "lora" else "float8"
     with pytest.raises(ValueError, match=rf"`layer_masks\['b'\]`.*{what}"):
         refimpl.partialize(model, {"a": [[0, 0]], "b": [[0, 0]]}, in_place=in_place)
     assert [type(layer).__name__ for layer in model.layers] == ["Dense", "Dense"]

@@ -208,7 +208,10 @@ def _check_model_quantize(model, mode, config, filters) -> None:
     """Before ``model.quantize`` changes any layer: refuse a mode that a
     partial layer it would quantize does not combine with."""
     mode = _compat.resolve_quantize_mode(mode, config)
-    for layer in [model, *_compat.sub_layers(model)]:
+    layers = [model, *_compat.sub_layers(model)]
+    if any(isinstance(layer, PartialWeightMixin) for layer in layers):
+        _compat.resolve_policy_maps(model)  # Keras' quantize misreads a map
+    for layer in layers:
         if (
             isinstance(layer, PartialWeightMixin)
             and "partial_weight" in layer.__dict__
@@ -653,7 +656,7 @@ class PartialWeightMixin:
         config = plain_class.get_config(self)
         holder = self.partial_weight
         if holder.quantized is not None:  # the float layer
-            config["dtype"] = self.dtype_policy._source_name
+            config["dtype"] = _compat.layer_policy(self)._source_name
             config.pop("quantization_config", None)
         plain = plain_class.from_config(config)
         plain.build_from_config(self.get_build_config())
