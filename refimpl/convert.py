@@ -548,8 +548,12 @@ def trainable_summary(model, *, print_fn=None) -> list[dict]:
         extra = {
             id(v) for pw in partial_weights(model) for v in (pw.free, pw.positions)
         }
-        # The model's own values: a partial weight counts once, as its base.
+        # The model's own values: a partial weight counts once, as its base (a
+        # quantized one as the kernel its codes stand for, int4 packs two).
+        quantized = [pw for pw in partial_weights(model) if pw.quantized is not None]
+        extra |= {id(v) for pw in quantized for v in (pw.base, *pw.scales)}
         total = sum(int(np.prod(v.shape)) for v in model.weights if id(v) not in extra)
+        total += sum(int(np.prod(pw.shape)) for pw in quantized)
         trained = sum(row["trainable"] for row in rows)
         print_fn(f"trainable values: {trained:,} of {total:,} ({trained / total:.4%})")
     return rows

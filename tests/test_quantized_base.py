@@ -499,6 +499,10 @@ def test_drop_and_grow_on_a_quantized_base_is_refused():
 # -- what trains, and the holder -----------------------------------------------
 
 
+def pw_count(model):
+    return sum(pw.num_free for pw in partial_weights(model))
+
+
 def test_trainable_summary_and_the_holder_see_the_quantized_base():
     model = refimpl.partialize(_quantized("int4_grouped"), _masks())
     rows = refimpl.trainable_summary(model)
@@ -506,6 +510,11 @@ def test_trainable_summary_and_the_holder_see_the_quantized_base():
         ("partial", 8 * 16),
         ("partial", 16 * 4),
     ]
+    printed = []
+    refimpl.trainable_summary(model, print_fn=printed.append)
+    biases = 16 + 4
+    total = 8 * 16 + 16 * 4 + biases  # the kernels' entries, not their codes
+    assert printed[-1].startswith(f"trainable values: {pw_count(model)} of {total} (")
     pw = partial_weights(model)[0]
     assert pw.shape == (8, 16) and pw.mask.shape == (8, 16)
     assert [v.name for v in pw.scales] == ["kernel_scale", "kernel_zero", "g_idx"]
