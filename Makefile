@@ -11,7 +11,8 @@
 #   make browser  build the book and check it in headless Chromium, offline
 #   make execute  re-run every notebook in place after editing it
 #   make bench    run the benchmarks and rewrite evidence/benchmarks/results/
-#                 (one layer; a transformer and a CNN in results/real/)
+#                 (one layer; a transformer and a CNN in results/real/, the
+#                 transformer on an int8 base)
 #   make nightly  the fast tests and the README's examples on Keras' nightly
 #                 build (keras-nightly and keras-hub-nightly, pinned in
 #                 requirements-nightly.txt) in .venv-nightly; not part of
@@ -141,6 +142,7 @@ bench: $(STAMP)
 	$(BIN)/python -m evidence.benchmarks.run
 	$(BIN)/python -m evidence.benchmarks.real_models
 	$(BIN)/python -m evidence.benchmarks.real_models --components
+	$(BIN)/python -m evidence.benchmarks.real_models --quantized
 
 # Keras' nightly build in a venv of its own: requirements.txt (refimpl from the
 # checkout) with keras and keras-hub swapped for the pins in

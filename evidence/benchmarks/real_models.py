@@ -2,6 +2,7 @@
 
     python -m evidence.benchmarks.real_models  # results/real/cpu_{transformer,cnn}.csv
     python -m evidence.benchmarks.real_models --model cnn --quick  # a small CNN
+    python -m evidence.benchmarks.real_models --quantized  # cpu_transformer_int8.csv
 
 Two models, TensorFlow, AdamW:
 
@@ -38,6 +39,41 @@ number of optimizer state values.
 composing the kernels, the forward pass and loss (less the composing), the
 gradient (what forward and gradient take beyond the forward), and the update
 alone (``results/real/cpu_transformer_components.csv``).
+
+``--quantized`` runs the transformer on a base quantized by Keras
+(``results/real/cpu_transformer_int8.csv``), in one run: ``full`` and
+``floor`` in float32, and the same model after ``model.quantize("int8")``:
+
+* ``int8 lora8``: Keras' ``enable_lora(8)`` on every kernel, as Keras' own
+  guide fine-tunes a quantized model;
+* ``int8 random 1%`` / ``int8 rows 1%``: ``refimpl.partialize`` of the int8
+  model (in place), random entries (``mode="auto"``) or whole input rows
+  (``"slices"``) of every kernel; the codes and scales stay frozen, the free
+  values are float32, and each layer adds their correction to Keras' int8
+  product (``form`` names the products the layers use);
+* ``int8 floor``: the int8 model with only norms and biases training.
+
+Its step times are ratios to ``full`` and to ``int8 lora8`` within each
+round. Its memory columns, from a fresh process per variant (the median
+``training_mb`` of ``--memory-repeats`` processes):
+
+* ``weight_bytes``: the bytes of the model's variables from their dtypes and
+  shapes (int8 codes, scales, free values, their positions, LoRA's factors,
+  float weights), split into ``frozen_bytes`` and ``trainable_bytes``;
+* ``training_mb``: the peak resident set during three steps above the
+  resident set before the model was built (TensorFlow started, the batch
+  made): the weights, the optimizer state, the traced step and the steps'
+  activations and temporaries; ``training_vs_full`` divides it by
+  ``full``'s;
+* ``held_mb`` and ``step_mb`` split it: the resident set just before the
+  steps above the one before the model, and the steps' peak above that.
+  An int8 variant's ``held_mb`` also holds what ``model.quantize`` freed
+  (the allocator keeps it, and later allocations reuse it).
+
+The issue's targets, printed at the end: a partial int8 step no slower than
+``int8 lora8`` (the median ratio at most 1), and its training memory at most
+0.5x ``full``'s. ``--quantized --components`` takes the int8 steps apart
+(``results/real/cpu_transformer_int8_components.csv``).
 """
 
 from __future__ import annotations
@@ -70,6 +106,25 @@ VARIANTS = {
 }
 #: The variants whose steps ``--components`` takes apart.
 COMPONENTS = ("full", "floor", "lora8", "random 1%", "rows 1%")
+#: The variants of ``--quantized``: the float references, then the same
+#: transformer quantized by Keras to int8 (``model.quantize("int8")``).
+QUANTIZED = (
+    "full",
+    "floor",
+    "int8 lora8",
+    "int8 random 1%",
+    "int8 rows 1%",
+    "int8 floor",
+)
+#: The references the ``--quantized`` step times are divided by, round by round.
+QUANTIZED_REFERENCES = ("full", "int8 lora8")
+#: The variants whose steps ``--quantized --components`` takes apart.
+QUANTIZED_COMPONENTS = ("floor", "int8 lora8", "int8 random 1%", "int8 rows 1%")
+#: The form each partial int8 variant asks ``partialize`` for: its automatic
+#: choice for scattered entries (at 1 %, the ``"delta"`` correction on every
+#: kernel; ``"sparse"`` exists for a ``Dense`` only, and is slower here) and
+#: the dense sub-products for whole rows. Neither dequantizes a whole kernel.
+_INT8_MODES = {"random": "auto", "rows": "slices"}
 #: The side of the kernel each slice variant frees whole.
 _SIDES = {"rows": "in", "channels": "in", "columns": "out", "filters": "out"}
 
@@ -159,6 +214,13 @@ def variant(name, keras, np, sizes):
     from refimpl import selection
 
     model = build(keras, sizes)
+    modes, in_place = {}, False
+    if name.startswith("int8 "):  # quantized by Keras, then as the float variant
+        _quantize(model, "int8")
+        name, modes = name[len("int8 ") :], _INT8_MODES
+        # partialize's copy rebuilds MultiHeadAttention from its config, which
+        # does not say that its projections are quantized: convert in place
+        in_place = True
     layers = _kernel_layers(keras, model)
     if name == "full":
         return model
@@ -182,11 +244,48 @@ def variant(name, keras, np, sizes):
             names = sorted({layer.name for layer in layers})
             with keras.RematScope(mode="list_of_layers", layer_names=names):
                 return refimpl.partialize(model, masks, train="all", mode="delta")
-        return refimpl.partialize(model, masks, train="all", mode="delta")
-    side = _SIDES[name.split()[0]]
+        mode = modes.get("random", "delta")
+        return refimpl.partialize(
+            model, masks, train="all", mode=mode, in_place=in_place
+        )
+    kind = name.split()[0]
+    side = _SIDES[kind]
     masks = {layer.path: _slice_mask(layer, np, density, side) for layer in layers}
-    mode = "delta" if name.endswith("(delta)") else "slices"
-    return refimpl.partialize(model, masks, train="all", mode=mode)
+    mode = "delta" if name.endswith("(delta)") else modes.get(kind, "slices")
+    return refimpl.partialize(model, masks, train="all", mode=mode, in_place=in_place)
+
+
+def _quantize(model, mode):
+    """``model.quantize(mode)``, without Keras' warnings about the layers it
+    has nothing to quantize in (the norms, the input)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Layer .* does not have a `quantize`")
+        model.quantize(mode)
+
+
+def weight_bytes(model) -> dict:
+    """The bytes of ``model``'s variables, from their dtypes and shapes.
+
+    Every variable counts once: the float weights, an int8 base's codes and
+    scales, the free values and their positions, LoRA's factors. ``frozen``
+    and ``trainable`` split the total by the variables' ``trainable``.
+    """
+    import numpy as np
+
+    seen, held = set(), {"trainable": 0, "frozen": 0}
+    for v in model.variables:
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        size = int(np.prod(v.shape)) * np.dtype(str(v.dtype)).itemsize
+        held["trainable" if v.trainable else "frozen"] += size
+    return {
+        "weight_bytes": held["trainable"] + held["frozen"],
+        "frozen_bytes": held["frozen"],
+        "trainable_bytes": held["trainable"],
+    }
 
 
 def _freeze_embedding_and_kernels(model, keras):
@@ -242,18 +341,28 @@ def _prepared(name, keras, np, tf, sizes):
 
 
 def memory_one(name: str, quick: bool, model_name: str = "transformer") -> dict:
-    """Peak memory of three steps of ``name``, in this (fresh) process."""
+    """Peak memory of three steps of ``name``, in this (fresh) process.
+
+    ``step_mb``: the peak resident set during the steps above the resident set
+    just before them (the step's activations, gradients and temporaries);
+    ``training_mb``: the same peak above the resident set before the model was
+    built (with TensorFlow started and the batch made), so it also holds the
+    weights, the optimizer state and the traced step; ``held_mb`` is the
+    difference. ``weight_bytes``: see :func:`weight_bytes`.
+    """
     from evidence.benchmarks.memory import _status_mb
 
     keras, np, tf = _setup_tf()
     sizes = _sizes(quick, model_name)
-    x, y = _batch(np, sizes)
+    x, y = (tf.constant(a) for a in _batch(np, sizes))  # TensorFlow started
+    before = _status_mb("VmRSS")
     model, step, optimizer = _prepared(name, keras, np, tf, sizes)
-    step.get_concrete_function(tf.constant(x), tf.constant(y))
+    step.get_concrete_function(x, y)
     resident = _status_mb("VmRSS")
     pathlib.Path("/proc/self/clear_refs").write_text("5")
     for _ in range(3):
         step(x, y).numpy()
+    peak = _status_mb("VmHWM")
     state = sum(int(np.prod(v.shape)) for v in optimizer.variables[2:])
     return {
         "variant": name,
@@ -262,11 +371,46 @@ def memory_one(name: str, quick: bool, model_name: str = "transformer") -> dict:
         ),
         "optimizer_state_values": state,
         "resident_mb": round(resident, 1),
-        "step_mb": round(_status_mb("VmHWM") - resident, 1),
+        "step_mb": round(peak - resident, 1),
+        **weight_bytes(model),
+        "held_mb": round(resident - before, 1),
+        "training_mb": round(peak - before, 1),
+        "form": _form(model),
     }
 
 
-def timing(names, quick: bool, repeats: int, model_name="transformer") -> list[dict]:
+def _form(model) -> str:
+    """The products the kernels of ``model`` use: the partial weights' forms,
+    ``lora``, or nothing for plain kernels ("+" between several)."""
+    from refimpl import _compat
+
+    forms = set()
+    for layer in _compat.sub_layers(model):
+        if hasattr(layer, "partial_weight"):
+            forms.add(layer.partial_weight.product_mode())
+        elif getattr(layer, "lora_enabled", False):
+            forms.add("lora")
+    return "+".join(sorted(forms))
+
+
+#: The memory columns of the float tables (``cpu_{transformer,cnn}.csv``).
+_MEMORY_COLUMNS = (
+    "trainable_values",
+    "optimizer_state_values",
+    "resident_mb",
+    "step_mb",
+)
+
+
+def timing(
+    names,
+    quick: bool,
+    repeats: int,
+    model_name="transformer",
+    references=("full", "floor"),
+) -> list[dict]:
+    """Step times of ``names``, interleaved, as ratios to each of ``references``
+    within each round (columns ``vs_<reference>``, spaces as ``_``)."""
     from evidence.benchmarks import timing as timer
 
     keras, np, tf = _setup_tf()
@@ -279,20 +423,15 @@ def timing(names, quick: bool, repeats: int, model_name="transformer") -> list[d
     samples = timer.interleaved(steps, x, y, counts, repeats=repeats)
     rows = []
     for name in names:
-        to_full = timer.summarise(samples[name], samples["full"])
-        to_floor = timer.summarise(samples[name], samples["floor"])
-        rows.append(
-            {
-                "variant": name,
-                "step_ms": round(to_full["median_ms"], 2),
-                "vs_full": round(to_full["ratio_to_dense"], 3),
-                "vs_full_q25": round(to_full["ratio_q25"], 3),
-                "vs_full_q75": round(to_full["ratio_q75"], 3),
-                "vs_floor": round(to_floor["ratio_to_dense"], 3),
-                "vs_floor_q25": round(to_floor["ratio_q25"], 3),
-                "vs_floor_q75": round(to_floor["ratio_q75"], 3),
-            }
-        )
+        row = {"variant": name}
+        for reference in references:
+            to = timer.summarise(samples[name], samples[reference])
+            row.setdefault("step_ms", round(to["median_ms"], 2))
+            column = "vs_" + reference.replace(" ", "_")
+            row[column] = round(to["ratio_to_dense"], 3)
+            row[column + "_q25"] = round(to["ratio_q25"], 3)
+            row[column + "_q75"] = round(to["ratio_q75"], 3)
+        rows.append(row)
     return rows
 
 
@@ -313,7 +452,10 @@ def stages(model, keras, tf):
     composing = [
         layer
         for layer in _compat.sub_layers(model)
-        if hasattr(layer, "partial_weight") and not _takes_over(layer)
+        if hasattr(layer, "partial_weight")
+        and not _takes_over(layer)
+        # a quantized base adds its correction to the int8 product instead
+        and getattr(layer.partial_weight, "quantized", None) is None
     ]
 
     @tf.function
@@ -400,19 +542,82 @@ def _write(rows, path):
         print(row)
 
 
-def _run(model_name, quick, repeats, out):
-    tag = "cpu_quick" if quick else "cpu"
-    names = VARIANTS[model_name]
-    rows = timing(names, quick, repeats, model_name)
+def _memory(names, quick, model_name, repeats=1):
+    """:func:`memory_one` of each of ``names``, each in a fresh process; of
+    ``repeats`` processes, the one with the median ``training_mb``."""
     memory = {}
     for name in names:
         cmd = [sys.executable, "-m", __spec__.name, "--memory-one", name]
         cmd += ["--model", model_name] + (["--quick"] if quick else [])
-        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        memory[name] = json.loads(done.stdout.strip().splitlines()[-1])
+        runs = []
+        for _ in range(repeats):
+            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        runs.sort(key=lambda run: run.get("training_mb", 0))
+        memory[name] = runs[len(runs) // 2]
+    return memory
+
+
+def _run(model_name, quick, repeats, out):
+    tag = "cpu_quick" if quick else "cpu"
+    names = VARIANTS[model_name]
+    rows = timing(names, quick, repeats, model_name)
+    memory = _memory(names, quick, model_name)
     for row in rows:
-        row.update(memory[row["variant"]])
+        row.update({key: memory[row["variant"]][key] for key in _MEMORY_COLUMNS})
     _write(rows, out / f"{tag}_{model_name}.csv")
+
+
+def quantized(quick: bool, repeats: int, memory_repeats: int = 3) -> list[dict]:
+    """The rows of ``cpu_transformer_int8.csv``: the step times of
+    :data:`QUANTIZED` (one process, interleaved, ratios to
+    :data:`QUANTIZED_REFERENCES`), then each variant's memory (a fresh process
+    each, :func:`memory_one`, the median of ``memory_repeats`` processes) and
+    its training memory as a fraction of full fine-tuning's."""
+    rows = timing(QUANTIZED, quick, repeats, references=QUANTIZED_REFERENCES)
+    memory = _memory(QUANTIZED, quick, "transformer", memory_repeats)
+    full = memory["full"]["training_mb"]
+    for row in rows:
+        found = memory[row["variant"]]
+        row.update(
+            {
+                key: found[key]
+                for key in (
+                    "trainable_values",
+                    "optimizer_state_values",
+                    "weight_bytes",
+                    "frozen_bytes",
+                    "trainable_bytes",
+                    "held_mb",
+                    "step_mb",
+                    "training_mb",
+                )
+            }
+        )
+        row["training_vs_full"] = round(found["training_mb"] / full, 3)
+        row["form"] = found["form"]
+    return rows
+
+
+def targets(rows) -> list[str]:
+    """Issue 36's two targets for each partial int8 variant, met or missed:
+    a step no slower than Keras LoRA r8 on the same int8 model (the median of
+    the per-round ratios at most 1), and training memory at most half of
+    float full fine-tuning's."""
+    lines = []
+    for row in rows:
+        name = row["variant"]
+        if not name.startswith("int8 ") or "lora" in name or "floor" in name:
+            continue
+        speed = row["vs_int8_lora8"]
+        memory = row["training_vs_full"]
+        lines.append(
+            f"{name}: step {speed:.3f}x int8 lora8 (target <= 1: "
+            f"{'met' if speed <= 1 else 'missed'}); training memory "
+            f"{memory:.3f}x full (target <= 0.5: "
+            f"{'met' if memory <= 0.5 else 'missed'})"
+        )
+    return lines
 
 
 def main(argv=None) -> int:
@@ -420,17 +625,37 @@ def main(argv=None) -> int:
     parser.add_argument("--model", choices=MODELS + ("all",), default="all")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument(
+        "--memory-repeats",
+        type=int,
+        default=3,
+        help="processes per variant for --quantized's memory (the median)",
+    )
     parser.add_argument("--components", action="store_true")
+    parser.add_argument(
+        "--quantized",
+        action="store_true",
+        help="the transformer's int8 variants (results/real/cpu_transformer_int8.csv)",
+    )
     parser.add_argument("--memory-one", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.memory_one:
         print(json.dumps(memory_one(args.memory_one, args.quick, args.model)))
         return 0
+    tag = "cpu_quick" if args.quick else "cpu"
+    if args.quantized and args.components:
+        rows = components(QUANTIZED_COMPONENTS, args.quick, args.repeats)
+        _write(rows, args.out / f"{tag}_transformer_int8_components.csv")
+        return 0
     if args.components:
-        tag = "cpu_quick" if args.quick else "cpu"
         rows = components(COMPONENTS, args.quick, args.repeats)
         _write(rows, args.out / f"{tag}_transformer_components.csv")
+        return 0
+    if args.quantized:
+        rows = quantized(args.quick, args.repeats, args.memory_repeats)
+        _write(rows, args.out / f"{tag}_transformer_int8.csv")
+        print("\n".join(targets(rows)))
         return 0
     for model_name in MODELS if args.model == "all" else (args.model,):
         _run(model_name, args.quick, args.repeats, args.out)
