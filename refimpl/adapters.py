@@ -79,6 +79,7 @@ from refimpl.layers.partial import (
 from refimpl.masks import _describe
 from refimpl.partial import partial_weights
 from refimpl.trained_entries import (
+    _check_model,
     _check_path,
     _find,
     _fingerprint,
@@ -96,17 +97,6 @@ _CACHE = "_adapter_predict_functions"
 
 
 # -- what the model holds ------------------------------------------------------
-
-
-def _check_model(model) -> None:
-    if not isinstance(model, keras.Model):
-        raise TypeError(
-            f"`model` must be a Keras model. Received: model={_describe(model)}"
-        )
-    if not model.built:
-        raise ValueError(
-            f"`model` must be built. Received: model={_describe(model.name)}"
-        )
 
 
 def _tables(model) -> list:

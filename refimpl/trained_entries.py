@@ -411,6 +411,9 @@ def save_partial_weights(model, path) -> dict:
                 "base": _fingerprint(base, scales),
                 "num_free": len(positions),
                 "first": first,
+                # A quantized base's form: a plain quantized layer is made
+                # partial in it on loading, so that it computes as trained.
+                **({} if pw.quantized is None else {"mode": pw.mode}),
             }
         )
     for i, (name, variable) in enumerate(whole):
@@ -437,8 +440,9 @@ def load_partial_weights(model, path) -> None:
     The weights of the layers that trained whole are set whole. A plain
     layer whose kernel Keras quantized (int8, int4) cannot take float
     entries into its integer codes: it becomes a partial layer in place
-    (``mode="auto"``), with the file's positions and values over its
-    unchanged codes and scales, and predicts what the fine-tuned model does.
+    in the form the fine-tuned layer had, with the file's positions and
+    values over its unchanged codes and scales, and predicts what the
+    fine-tuned model does, bit for bit.
 
     Returns:
         ``None``; ``model``'s weights change in place.
@@ -492,7 +496,7 @@ def load_partial_weights(model, path) -> None:
         if pw is None and scales:
             # Integer codes cannot take the float values: the layer becomes
             # partial, with the file's positions (its codes and scales stay).
-            pw = (layer, positions)
+            pw = (layer, record.get("mode", "delta"))
         if (
             pw is not None
             and not isinstance(pw, tuple)
@@ -528,11 +532,11 @@ def load_partial_weights(model, path) -> None:
     converted = False
     for i, (variable, pw, base, positions, values) in enumerate(writes):
         if isinstance(pw, tuple):  # a quantized plain layer: made partial
-            layer, _ = pw
+            layer, mode = pw
             shape = _compat.quantized_kernel_shape(layer)
             mask = np.zeros(int(np.prod(shape)), bool)
             mask[positions] = True
-            enable_partial(layer, mask.reshape(shape), mode="auto")
+            enable_partial(layer, mask.reshape(shape), mode=mode)
             writes[i] = (variable, layer.partial_weight, base, positions, values)
             converted = True
     _remember(model, header, found, writes)

@@ -287,6 +287,27 @@ def test_a_trained_quantized_model_saves_and_reloads_bit_for_bit(
     _fit(loaded, epochs=1)  # and trains on
 
 
+@pytest.mark.parametrize("mode", ["delta", "auto", "slices"])
+def test_the_file_loads_onto_the_plain_quantized_model_in_the_trained_form(
+    mode, tmp_path
+):
+    # Before: the loaded layers took mode="auto" whatever the fine-tune's form
+    # was, and a delta fine-tune came back computed in another form (3e-6 off
+    # on the book's GPT-2).
+    masks = {"d": np.zeros((8, 16), bool), "ein": np.zeros((16, 4), bool)}
+    masks["d"][[1, 5]] = True  # whole rows: each form takes them
+    masks["ein"][:, 2] = True
+    model = _fit(refimpl.partialize(_quantized("int8"), masks, mode=mode))
+    refimpl.save_partial_weights(model, tmp_path / "tuned.npz")
+    plain = _quantized("int8")
+    refimpl.load_partial_weights(plain, tmp_path / "tuned.npz")
+    for one, two in zip(partial_weights(model), partial_weights(plain)):
+        assert one.mode == two.mode
+    np.testing.assert_array_equal(
+        plain.predict(X, verbose=0), model.predict(X, verbose=0)
+    )
+
+
 def test_a_model_quantized_after_conversion_reloads_in_a_fresh_process(tmp_path):
     model = _fit(refimpl.partialize(_model(), _masks()))
     _quantize(model, "int4_grouped")

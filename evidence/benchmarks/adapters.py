@@ -32,7 +32,7 @@ over the eight adapters, in a shuffled order. Timed in interleaved rounds
 
 Each row of ``results/real/cpu_adapters.csv`` gives the median seconds of
 one serving, its rows per second, and its throughput as a ratio to
-``base``'s within each round (median and quartiles). The issue's target:
+``base``'s within each round (median and quartiles). The target:
 ``mixed`` at least 0.8x ``base``, printed at the end.
 """
 
@@ -224,7 +224,7 @@ def run(quick: bool, repeats: int) -> list[dict]:
 
 
 def target(rows) -> str:
-    """The issue's target: a mixed batch at least 0.8x the base's throughput."""
+    """The target: a mixed batch at least 0.8x the base's throughput."""
     ratio = {row["serving"]: row["vs_base"] for row in rows}["mixed"]
     met = "met" if ratio >= 0.8 else "missed"
     return f"mixed: {ratio:.3f}x the base's throughput (target >= 0.8: {met})"

@@ -70,7 +70,7 @@ round. Its memory columns, from a fresh process per variant (the median
   An int8 variant's ``held_mb`` also holds what ``model.quantize`` freed
   (the allocator keeps it, and later allocations reuse it).
 
-The issue's targets, printed at the end: a partial int8 step no slower than
+The targets, printed at the end: a partial int8 step no slower than
 ``int8 lora8`` (the median ratio at most 1), and its training memory at most
 0.5x ``full``'s. ``--quantized --components`` takes the int8 steps apart
 (``results/real/cpu_transformer_int8_components.csv``).
@@ -600,7 +600,7 @@ def quantized(quick: bool, repeats: int, memory_repeats: int = 3) -> list[dict]:
 
 
 def targets(rows) -> list[str]:
-    """Issue 36's two targets for each partial int8 variant, met or missed:
+    """The two targets for each partial int8 variant, met or missed:
     a step no slower than Keras LoRA r8 on the same int8 model (the median of
     the per-round ratios at most 1), and training memory at most half of
     float full fine-tuning's."""

@@ -613,21 +613,13 @@ class PartialWeightMixin:
         for name in ("_partial_free", "_partial_positions"):
             # Keras' Layer.__delattr__ without its gc.collect() per variable.
             super(keras.layers.Layer, self).__delattr__(name)
-        for name in (
-            "partial_weight",
-            "_partial_shell",
-            "_partial_rest_frozen",
-            "_partial_target",
-        ):
-            self.__dict__.pop(name, None)
-        self.__class__ = self._partial_plain_class()
+        self._partial_become_plain()
         base.assign(np.array(value))
         for variable in self.weights:
             variable.trainable = True  # the plain layer's `trainable` governs
 
-    def _fold_quantized(self, value) -> None:
-        """``_fold`` of a quantized base: the float plain layer, with ``value``
-        (the dequantized kernel with the free values) as its kernel."""
+    def _partial_become_plain(self) -> None:
+        """Forget the partial weight's attributes and take the plain class back."""
         for name in (
             "partial_weight",
             "_partial_shell",
@@ -636,6 +628,11 @@ class PartialWeightMixin:
         ):
             self.__dict__.pop(name, None)
         self.__class__ = self._partial_plain_class()
+
+    def _fold_quantized(self, value) -> None:
+        """``_fold`` of a quantized base: the float plain layer, with ``value``
+        (the dequantized kernel with the free values) as its kernel."""
+        self._partial_become_plain()
         _compat.unquantize(self, value, drop=("_partial_free", "_partial_positions"))
         _compat.dispatch_quantize(self)
         for variable in self.weights:
@@ -1261,7 +1258,7 @@ def _is_supported(layer_class) -> bool:
 def _supported_names() -> list[str]:
     """The names an error message lists."""
     names = [c.__name__ for c in _PLAIN_TO_PARTIAL]
-    return sorted(set(names) | {"PositionEmbedding"}, key=names.__contains__)
+    return sorted(set(names) | {"PositionEmbedding"})
 
 
 def partial_class(layer_class: type) -> type:
