@@ -12,7 +12,8 @@
 #   make execute  re-run every notebook in place after editing it
 #   make bench    run the benchmarks and rewrite evidence/benchmarks/results/
 #                 (one layer; a transformer and a CNN in results/real/, the
-#                 transformer on an int8 base)
+#                 transformer on an int8 base, and eight
+#                 sparse adapters served in one mixed batch)
 #   make nightly  the fast tests and the README's examples on Keras' nightly
 #                 build (keras-nightly and keras-hub-nightly, pinned in
 #                 requirements-nightly.txt) in .venv-nightly; not part of
@@ -143,6 +144,8 @@ bench: $(STAMP)
 	$(BIN)/python -m evidence.benchmarks.real_models
 	$(BIN)/python -m evidence.benchmarks.real_models --components
 	$(BIN)/python -m evidence.benchmarks.real_models --quantized
+	$(BIN)/python -m evidence.benchmarks.real_models --quantized --components
+	$(BIN)/python -m evidence.benchmarks.adapters
 
 # Keras' nightly build in a venv of its own: requirements.txt (refimpl from the
 # checkout) with keras and keras-hub swapped for the pins in

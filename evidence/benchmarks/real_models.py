@@ -218,8 +218,7 @@ def variant(name, keras, np, sizes):
     if name.startswith("int8 "):  # quantized by Keras, then as the float variant
         _quantize(model, "int8")
         name, modes = name[len("int8 ") :], _INT8_MODES
-        # partialize's copy rebuilds MultiHeadAttention from its config, which
-        # does not say that its projections are quantized: convert in place
+        # converted in place, as Keras' enable_lora is: no copy of the model
         in_place = True
     layers = _kernel_layers(keras, model)
     if name == "full":
