@@ -578,20 +578,19 @@ def predict(model, x, adapters, *, batch_size: int | None = None):
     on the group's rows): the same result, a pass per group.
 
     Each row's output equals ``use(model, adapters[i])`` then
-    ``model.predict``: to float32 rounding (``rtol=1e-5``) through an
-    adapted ``Dense`` or ``EinsumDense`` (``x @ base + x @ D`` is summed in
-    another order than the composed kernel's product ``x @ (base + D)``, and
-    XLA may round a row in a batch of another size otherwise), bit for bit
-    through an adapted ``Embedding`` (a lookup). Each batch's layout (the
-    adapters and their row counts) is compiled once, by ``model.predict``,
-    and reused.
+    ``model.predict``: to float32 rounding through an adapted ``Dense`` or
+    ``EinsumDense`` (``x @ base + x @ D`` is summed in another order than
+    the composed kernel's product ``x @ (base + D)``, and XLA may round a
+    row in a batch of another size otherwise), bit for bit through an
+    adapted ``Embedding`` (a lookup). Each batch's layout (the adapters and
+    their row counts) is compiled once, by ``model.predict``, and reused.
 
     Cost: the corrections gather ``k`` inputs per row, so 8 adapters of 1 %
-    over a batch cost about what one adapter of 1 % does over it, which a
-    CPU pays at a few tens of times a dense product's cost per entry
-    (``scripts/time_mixed_adapters.py``: on 2 CPU cores, a GPT-2 of width
-    256, 0.5x the base's throughput under TensorFlow, 0.25x under JAX, where
-    ``use`` per group reached 0.8x).
+    over a batch cost about what one adapter of 1 % does over it. A CPU
+    pays that at about a dense product of the same rows: the book's
+    Performance page (``evidence.benchmarks.adapters``) measures a mixed
+    batch at about half the base's throughput there, and switching with
+    :func:`use` group by group faster.
 
     Args:
         model: a model with adapters.
