@@ -141,6 +141,7 @@ MODULES = {
     "refimpl.layers.structured_dense",
     "refimpl.convert",
     "refimpl.trained_entries",
+    "refimpl.quantized",
     "refimpl.adapters",
     "refimpl.optimizers",
     "refimpl.constraints",

@@ -461,7 +461,8 @@ class PartialWeightMixin:
         target = config.pop("target", cls._partial_target)
         adapters = _adapter_table.pop_record(config)
         layer = super().from_config(config)
-        layer.__dict__["_adapter_shell"] = adapters
+        if adapters is not None:  # a layer with adapters saved
+            layer.__dict__["_adapter_shell"] = adapters
         layer._partial_target = target
         layer._partial_shell = shell
         layer._partial_rest_frozen = not rest_trainable
@@ -1140,7 +1141,8 @@ class PartialDense(PartialWeightMixin, keras.layers.Dense):
                 config["quantization_config"]
             )
         layer = cls(**config)
-        layer.__dict__["_adapter_shell"] = adapters
+        if adapters is not None:  # a layer with adapters saved
+            layer.__dict__["_adapter_shell"] = adapters
         return layer
 
     @classmethod
@@ -1489,7 +1491,8 @@ def _make_shell(
     layer.__class__ = partial_class(type(layer))
     layer._partial_target = target or layer._partial_target
     layer._partial_add_weights(num_free, None, mode, auto)
-    layer.__dict__["_adapter_shell"] = adapters
+    if adapters is not None:  # a layer with adapters saved
+        layer.__dict__["_adapter_shell"] = adapters
     _adapter_table.build_shell(layer)
     if not rest_trainable:
         layer.freeze_rest()
