@@ -90,10 +90,8 @@ class PartialWeight:
         quantized: for a kernel Keras quantized (``layer.quantize("int8")``
             or ``"int4"``), its :class:`~refimpl.quantized.QuantizedBase`
             (``base`` is then the integer codes, ``shape`` the float kernel's,
-            and the free values are floats); ``None`` otherwise.
-        scales: the quantized base's scale variables (``kernel_scale``, and
-            ``kernel_zero`` and ``g_idx`` for int4 in groups); ``()`` for a
-            float base.
+            and the free values are floats); ``None`` otherwise; and
+            :attr:`scales`, its scale variables.
 
     >>> import refimpl
     >>> layer = keras.layers.Dense(2, name="d")
