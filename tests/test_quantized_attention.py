@@ -17,7 +17,13 @@ from refimpl import selection
 from refimpl.partial import partial_weights
 from tests.processes import run_python
 
-pytestmark = pytest.mark.every_backend
+pytestmark = [
+    pytest.mark.every_backend,
+    pytest.mark.skipif(
+        keras.backend.backend() == "torch",
+        reason="a quantized base's product reads NumPy values under PyTorch's autograd",
+    ),
+]
 
 RNG = np.random.default_rng(0)
 X = RNG.integers(0, 50, (16, 8))
