@@ -39,7 +39,6 @@ one serving, its rows per second, and its throughput as a ratio to
 from __future__ import annotations
 
 import argparse
-import csv
 import pathlib
 import sys
 import tempfile
@@ -238,14 +237,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rows = run(args.quick, args.repeats)
     tag = "cpu_quick" if args.quick else "cpu"
-    path = args.out / f"{tag}_adapters.csv"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as out:
-        writer = csv.DictWriter(out, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    for row in rows:
-        print(row)
+    from evidence.benchmarks import real_models
+
+    real_models._write(rows, args.out / f"{tag}_adapters.csv")
     print(target(rows))
     return 0
 
